@@ -1,0 +1,88 @@
+"""evaluate: score the trained model on val (and test, when it has labels); write the submission.
+
+Reads models/model, data/tokenized/ and data/processed/test.csv (for the ids); writes
+reports/evaluate/metrics.json (accuracy, macro-F1, per-class precision/recall/F1),
+reports/evaluate/confusion_<split>.csv (DVC confusion-matrix plots) and submission/submission.csv.
+"""
+from pathlib import Path
+
+import pandas as pd
+import torch
+from safetensors.torch import load_file
+from sklearn.metrics import accuracy_score, f1_score, precision_recall_fscore_support
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+
+from stages.common import (atomic_dir, load_params, read_csv, run_main, unpack_sequences,
+                           write_csv, write_json)
+
+MODEL = Path("models/model")
+TOKENIZED = Path("data/tokenized")
+TEST_CSV = Path("data/processed/test.csv")
+REPORTS = Path("reports/evaluate")
+SUBMISSION = Path("submission")
+
+
+@torch.inference_mode()
+def predict(model, collator, sequences, batch_size, device):
+    """Predicted class ids, in input order. Batches hold texts of similar length (sorted), so
+    padding per batch stays small."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    predictions = [0] * len(sequences)
+    for start in range(0, len(order), batch_size):
+        batch_index = order[start:start + batch_size]
+        batch = collator([{"input_ids": sequences[i]} for i in batch_index]).to(device)
+        logits = model(**batch).logits
+        for i, p in zip(batch_index, logits.argmax(-1).tolist()):
+            predictions[i] = p
+    return predictions
+
+
+def classification_metrics(y_true, y_pred, labels):
+    """accuracy, macro-F1 and per-class precision/recall/F1 (keyed by label name)."""
+    ids = list(range(len(labels)))
+    precision, recall, f1, support = precision_recall_fscore_support(
+        y_true, y_pred, labels=ids, zero_division=0)
+    return {
+        "accuracy": round(accuracy_score(y_true, y_pred), 4),
+        "f1_macro": round(f1_score(y_true, y_pred, labels=ids, average="macro", zero_division=0), 4),
+        "per_class": {labels[i]: {"precision": round(precision[i], 4), "recall": round(recall[i], 4),
+                                  "f1": round(f1[i], 4), "support": int(support[i])} for i in ids},
+    }
+
+
+def main():
+    batch_size = load_params("evaluate")["batch_size"]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForSequenceClassification.from_pretrained(MODEL).to(device).eval()
+    collator = DataCollatorWithPadding(AutoTokenizer.from_pretrained(MODEL), return_tensors="pt")
+    labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+
+    metrics, confusion, submission = {}, {}, None
+    for split in ("val", "test"):
+        path = TOKENIZED / f"{split}.safetensors"
+        if not path.exists():
+            continue
+        sequences, y_true = unpack_sequences(load_file(path))
+        y_pred = predict(model, collator, sequences, batch_size, device)
+        if split == "test":
+            ids = read_csv(TEST_CSV)["id"]
+            submission = pd.DataFrame({"id": ids, "label": [labels[p] for p in y_pred]})
+        if all(y >= 0 for y in y_true):  # unlabelled test rows carry -1
+            metrics[split] = classification_metrics(y_true, y_pred, labels)
+            confusion[split] = pd.DataFrame({"actual": [labels[y] for y in y_true],
+                                             "predicted": [labels[p] for p in y_pred]})
+            print(f"{split}: accuracy {metrics[split]['accuracy']}, macro-F1 {metrics[split]['f1_macro']}")
+
+    with atomic_dir(REPORTS) as tmp:
+        write_json(tmp / "metrics.json", metrics)
+        for split, frame in confusion.items():
+            write_csv(frame, tmp / f"confusion_{split}.csv")
+    # the folder is written even with no test file, so DVC always finds its declared output
+    with atomic_dir(SUBMISSION) as tmp:
+        if submission is not None:
+            submission.to_csv(tmp / "submission.csv", index=False)
+            print(f"wrote {SUBMISSION / 'submission.csv'} ({len(submission)} rows)")
+
+
+if __name__ == "__main__":
+    run_main(main)
