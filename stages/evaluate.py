@@ -23,18 +23,23 @@ SUBMISSION = Path("submission")
 
 
 @torch.inference_mode()
-def predict(model, collator, sequences, batch_size, device):
-    """Predicted class ids, in input order. Batches hold texts of similar length (sorted), so
-    padding per batch stays small."""
+def predict_logits(model, collator, sequences, batch_size, device):
+    """Logits (n, num_labels) in input order. Batches hold texts of similar length (sorted by
+    length), so padding each batch to its own longest text wastes little."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
-    predictions = [0] * len(sequences)
+    logits = torch.empty(len(sequences), model.config.num_labels)
     for start in range(0, len(order), batch_size):
         batch_index = order[start:start + batch_size]
         batch = collator([{"input_ids": sequences[i]} for i in batch_index]).to(device)
-        logits = model(**batch).logits
-        for i, p in zip(batch_index, logits.argmax(-1).tolist()):
-            predictions[i] = p
-    return predictions
+        logits[batch_index] = model(**batch).logits.float().cpu()
+    return logits
+
+
+def predict_split(model, collator, split, batch_size, device):
+    """(true label ids, predicted label ids) for one tokenized split."""
+    sequences, y_true = unpack_sequences(load_file(TOKENIZED / f"{split}.safetensors"))
+    logits = predict_logits(model, collator, sequences, batch_size, device)
+    return y_true, logits.argmax(-1).tolist()
 
 
 def classification_metrics(y_true, y_pred, labels):
@@ -57,26 +62,22 @@ def main():
     collator = DataCollatorWithPadding(AutoTokenizer.from_pretrained(MODEL), return_tensors="pt")
     labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
 
-    metrics, confusion, submission = {}, {}, None
-    for split in ("val", "test"):
-        path = TOKENIZED / f"{split}.safetensors"
-        if not path.exists():
-            continue
-        sequences, y_true = unpack_sequences(load_file(path))
-        y_pred = predict(model, collator, sequences, batch_size, device)
-        if split == "test":
-            ids = read_csv(TEST_CSV)["id"]
-            submission = pd.DataFrame({"id": ids, "label": [labels[p] for p in y_pred]})
+    y_true, y_pred = predict_split(model, collator, "val", batch_size, device)
+    metrics = {"val": classification_metrics(y_true, y_pred, labels)}
+    confusion = pd.DataFrame({"actual": [labels[y] for y in y_true],
+                              "predicted": [labels[p] for p in y_pred]})
+    submission = None
+    if (TOKENIZED / "test.safetensors").exists():
+        y_true, y_pred = predict_split(model, collator, "test", batch_size, device)
+        submission = pd.DataFrame({"id": read_csv(TEST_CSV)["id"], "label": [labels[p] for p in y_pred]})
         if all(y >= 0 for y in y_true):  # unlabelled test rows carry -1
-            metrics[split] = classification_metrics(y_true, y_pred, labels)
-            confusion[split] = pd.DataFrame({"actual": [labels[y] for y in y_true],
-                                             "predicted": [labels[p] for p in y_pred]})
-            print(f"{split}: accuracy {metrics[split]['accuracy']}, macro-F1 {metrics[split]['f1_macro']}")
+            metrics["test"] = classification_metrics(y_true, y_pred, labels)
+    for split, m in metrics.items():
+        print(f"{split}: accuracy {m['accuracy']}, macro-F1 {m['f1_macro']}")
 
     with atomic_dir(REPORTS) as tmp:
         write_json(tmp / "metrics.json", metrics)
-        for split, frame in confusion.items():
-            write_csv(frame, tmp / f"confusion_{split}.csv")
+        write_csv(confusion, tmp / "confusion_val.csv")
     # the folder is written even with no test file, so DVC always finds its declared output
     with atomic_dir(SUBMISSION) as tmp:
         if submission is not None:

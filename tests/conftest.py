@@ -1,0 +1,56 @@
+"""Fixtures shared by the tests: a tiny BERT with a real vocabulary and a tiny labelled dataset."""
+import random
+
+import pandas as pd
+import pytest
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+from stages.common import resolve_model
+
+# Words that decide the class, and words every class uses: a tiny model can learn this in seconds.
+CLASS_WORDS = {
+    "negative": ["awful", "terrible", "hate", "broken", "worst"],
+    "neutral": ["tuesday", "report", "schedule", "meeting", "average"],
+    "positive": ["great", "love", "wonderful", "happy", "best"],
+}
+FILLER = ["the", "car", "phone", "flight", "today", "my", "new", "really", "this", "is", "was"]
+
+
+def make_rows(n, seed):
+    """n labelled texts with @mentions, URLs, HTML entities and mixed case, like tweets."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = rng.choice(sorted(CLASS_WORDS))
+        words = rng.sample(FILLER, 4) + rng.sample(CLASS_WORDS[label], 2)
+        rng.shuffle(words)
+        text = " ".join(words).capitalize()
+        if i % 3 == 0:
+            text = f"@User{i} {text} &amp; http://t.co/x{i}"
+        rows.append({"id": f"r{i}", "text": text, "sentiment": label})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="session")
+def tiny_data_dir(tmp_path_factory):
+    """A folder with train.csv (300 rows) and a labelled test.csv (60 rows, with an id column)."""
+    folder = tmp_path_factory.mktemp("tiny_data")
+    make_rows(300, seed=1).drop(columns="id").to_csv(folder / "train.csv", index=False)
+    make_rows(60, seed=2).to_csv(folder / "test.csv", index=False)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(resolve_model("minilm"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer):
+    """A randomly initialised 2-layer BERT (hidden 32) saved with the embedded model's real tokenizer."""
+    folder = tmp_path_factory.mktemp("tiny_model")
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
