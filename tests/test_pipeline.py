@@ -102,7 +102,7 @@ def test_plots_render(pipeline):
     repo, _ = pipeline
     dvc("plots", "show", "-o", "plots_out", cwd=repo)
     page = (repo / "plots_out/index.html").read_text()
-    assert "confusion_val.csv" in page and "loss" in page
+    assert "Confusion matrix (validation)" in page and "f1_macro" in page and "learning_rate" in page
 
 
 def test_only_affected_stages_rerun(pipeline):
