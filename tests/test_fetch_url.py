@@ -172,3 +172,18 @@ def test_stage_html_page(tmp_path):
         "this file recently.') instead of a CSV or archive: the file's download quota is used up: wait "
         "(up to 24 h), or copy it to your own Drive or another host and point fetch.source at the copy")
     assert snapshot(tmp_path) == before
+
+
+def test_credentials_in_a_url_never_reach_the_output(tmp_path):
+    routes = {"/ok.csv": lambda r: send_file(r, TRAIN)}
+    with serve(app_from(routes)) as server:
+        secret_ok = server.url.replace("://", "://bob:hunter2@") + "/ok.csv?token=t0psecret"
+        write_params(tmp_path, source=secret_ok, test_file=None)
+        done = run_stage(tmp_path)
+        assert done.returncode == 0, done.stderr
+        write_params(tmp_path, source=secret_ok.replace("/ok.csv", "/missing.csv"), test_file=None)
+        failed = run_stage(tmp_path)
+    assert "404" in error_line(failed)
+    for output in (done.stdout, done.stderr, failed.stdout, failed.stderr):
+        assert "hunter2" not in output and "t0psecret" not in output
+    assert "token=***" in done.stdout and "***@" in error_line(failed)
