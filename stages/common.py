@@ -122,13 +122,14 @@ def decode_csv_bytes(data, path):
         except UnicodeDecodeError as e:
             raise PipelineError(f"{path}: starts with a UTF-16 mark but is not UTF-16 "
                                 f"(byte offset {e.start})") from None
+    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     try:
-        return data.decode("utf-8-sig")
+        return data[bom:].decode("utf-8")
     except UnicodeDecodeError as e:
-        first = e.start
+        first = bom + e.start  # an offset in the file, BOM included
     # surrogateescape turns each undecodable byte b into U+DC00+b; those become cp1252 characters
     # (latin-1 for the five bytes cp1252 leaves undefined, so no byte is ever lost)
-    text = data.decode("utf-8-sig", errors="surrogateescape")
+    text = data[bom:].decode("utf-8", errors="surrogateescape")
     escaped = re.compile("[\udc80-\udcff]")
     count = len(escaped.findall(text))
     text = escaped.sub(lambda m: _byte_as_cp1252(ord(m.group()) - 0xDC00), text)
@@ -138,7 +139,7 @@ def decode_csv_bytes(data, path):
     end = min(len(data) if end < 0 else end, first + 40)
     context = data[start:end].decode("utf-8", errors="backslashreplace")
     print(f"{path}: not UTF-8: {count} byte(s) read as cp1252, the first (0x{data[first]:02x}) at "
-          f"byte offset {first}, line {line}: {context!r}")
+          f"byte offset {first}, line {line}: {context}")
     return text
 
 
@@ -149,9 +150,10 @@ def _byte_as_cp1252(byte):
         return bytes([byte]).decode("latin-1")
 
 
-def sniff_delimiter(text):
-    """The delimiter among CSV_DELIMITERS that splits the header into the most fields. Only the
-    header is looked at: texts hold commas and semicolons, column names rarely do."""
+def sniff_header(text):
+    """(delimiter, number of columns): the delimiter among CSV_DELIMITERS that splits the header
+    into the most fields. Only the header is looked at: texts hold commas and semicolons,
+    column names rarely do."""
     import io
 
     def fields(delimiter):
@@ -159,14 +161,15 @@ def sniff_delimiter(text):
             return len(next(csv.reader(io.StringIO(text), delimiter=delimiter), []))
         except csv.Error:
             return 0
-    return max(CSV_DELIMITERS, key=fields)
+    delimiter = max(CSV_DELIMITERS, key=fields)
+    return delimiter, fields(delimiter)
 
 
 def read_csv(path):
     """Read a CSV with every column as a string, so labels such as "NA" or "None" stay labels, not NaN.
 
-    The encoding (decode_csv_bytes) and the delimiter (sniff_delimiter) are detected; a file
-    that is empty or does not parse is a PipelineError naming the file.
+    The encoding (decode_csv_bytes) and the delimiter (sniff_header) are detected; a file that
+    is empty or does not parse is a PipelineError naming the file.
     """
     import io
 
@@ -177,14 +180,24 @@ def read_csv(path):
     if not text.strip():
         raise PipelineError(f"{path}: the file is empty ({len(data)} bytes): expected a header "
                             "line naming the columns, then one row per example")
-    delimiter = sniff_delimiter(text)
+    delimiter, columns = sniff_header(text)
     if delimiter != ",":
         print(f"{path}: columns are separated by {delimiter!r}, not commas")
+    if columns == 1:
+        # with one column a line of spaces is a text, which pandas would skip as a blank line
+        # (and the rows after it would shift); blank lines at the very end are not rows
+        text = text.rstrip("\r\n") + "\n"
     try:
         # io.StringIO does no newline translation: a bare "\r" inside a quoted text survives
-        df = pandas.read_csv(io.StringIO(text), sep=delimiter, dtype=str, keep_default_na=False)
+        df = pandas.read_csv(io.StringIO(text), sep=delimiter, dtype=str, keep_default_na=False,
+                             skip_blank_lines=columns > 1)
     except pandas.errors.ParserError as e:
+        import re
+
         reason = str(e).strip().removeprefix("Error tokenizing data. C error: ")
+        unclosed = re.fullmatch(r"EOF inside string starting at row (\d+)", reason)
+        if unclosed:  # pandas counts rows from 0 at the header; messages here count from 1
+            reason = f"the double quote opened in row {int(unclosed[1]) + 1} is never closed"
         raise PipelineError(f"{path}: not a valid CSV ({reason}); a text holding the delimiter "
                             f"{delimiter!r} or a newline must be in double quotes") from None
     if not isinstance(df.index, pandas.RangeIndex):

@@ -2,10 +2,17 @@
 
 Reads data/raw/{train,test}.csv; writes data/processed/{train,val,test}.csv and labels.json.
 Every output CSV has the columns `text` and `label` (test: `id`, `text` and `label`, the
-label empty when the test file has none).
+label empty when the test file has none). Every check runs before anything is written, so a
+bad input leaves the previous data/processed as it was.
+
+Labels are text: "NA", "None" or "null" are class names, surrounding spaces are dropped, and
+numbers spelled two ways ("1" and "1.0") are one class, named by its most common spelling.
+Row numbers in messages count the header as row 1, as a spreadsheet does.
 """
 import html
+import math
 import re
+from decimal import Decimal
 from pathlib import Path
 
 import pandas as pd
@@ -14,28 +21,34 @@ from sklearn.model_selection import train_test_split
 from stages.common import (PipelineError, atomic_dir, load_params, read_csv, run_main, write_csv,
                            write_json)
 
-RAW = Path("data/raw")
+TRAIN_CSV = Path("data/raw/train.csv")
+TEST_CSV = Path("data/raw/test.csv")
 OUT = Path("data/processed")
 
 URL_RE = re.compile(r"(?:https?://|www\.)\S+", re.IGNORECASE)
 MENTION_RE = re.compile(r"(?<!\w)@\w+")
 WHITESPACE_RE = re.compile(r"\s+")
+NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # no nan, inf, 1_0
+SHOWN = 5  # rows or ids a message lists before "and N more"
 
 
 def clean_text(text, lowercase=False, unescape_html=True, replace_urls=True,
                replace_mentions=True, normalize_whitespace=True):
     """Return the cleaned text. Idempotent: cleaning a cleaned text changes nothing."""
-    if unescape_html:
-        # unescape until stable: tweets often carry double-escaped entities (&amp;amp;)
-        previous = None
-        while previous != text:
-            previous, text = text, html.unescape(text)
+    # Unescape until stable: tweets often carry double-escaped entities (&amp;amp;). Lowercase in
+    # the same loop: lowercasing can make an entity ("&Hellip;" -> "&hellip;", an ellipsis), so
+    # lowercasing after the loop left texts that a second cleaning changed.
+    previous = None
+    while previous != text:
+        previous = text
+        if unescape_html:
+            text = html.unescape(text)
+        if lowercase:
+            text = text.lower()
     if replace_urls:
         text = URL_RE.sub("http", text)
     if replace_mentions:
         text = MENTION_RE.sub("@user", text)
-    if lowercase:
-        text = text.lower()
     if normalize_whitespace:
         text = WHITESPACE_RE.sub(" ", text).strip()
     return text
@@ -46,36 +59,82 @@ def require_columns(df, columns, path):
     if missing:
         raise PipelineError(
             f"{path}: missing column(s) {', '.join(map(repr, missing))}; "
-            f"found {', '.join(map(repr, df.columns))} (set preprocess.text_column / label_column)")
+            f"found {', '.join(map(repr, df.columns))} (set preprocess.text_column / label_column / id_column)")
 
 
-def sort_labels(labels):
-    """Numbers in numeric order (2 before 10), anything else alphabetically."""
-    labels = set(labels)
-    try:
-        return sorted(labels, key=float)
-    except ValueError:
-        return sorted(labels)
+def require_rows(df, path):
+    if df.empty:
+        raise PipelineError(f"{path}: a header ({', '.join(map(repr, df.columns))}) but no rows")
+
+
+def row_numbers(index):
+    """'rows 2, 5, 9' for positions in a frame read from a CSV (the header is row 1)."""
+    rows = [str(i + 2) for i in index]
+    shown = ", ".join(rows[:SHOWN])
+    more = f" and {len(rows) - SHOWN} more" if len(rows) > SHOWN else ""
+    return f"row{'s' if len(rows) > 1 else ''} {shown}{more}"
 
 
 def clean_frame(df, text_column, label_column, options):
-    """Cleaned `text` and `label` columns; rows whose text cleans to nothing are dropped."""
+    """Cleaned `text` and `label` columns, keeping df's index (row numbers); rows whose text
+    cleans to nothing are dropped."""
     out = pd.DataFrame({
         "text": df[text_column].map(lambda t: clean_text(t, **options)),
         "label": df[label_column].str.strip() if label_column in df else "",
-    })
+    }, index=df.index)
     return out[out["text"] != ""]
 
 
+def require_labels(df, label_column, path):
+    empty = df.index[df["label"] == ""]
+    if len(empty):
+        raise PipelineError(f"{path}: {len(empty)} row(s) have an empty {label_column!r} "
+                            f"({row_numbers(empty)}); fill or remove them")
+
+
+def unify_numeric_labels(labels, known=()):
+    """Map spellings of one number ("1", "1.0", "+1") to one: a spelling in `known` (train's
+    labels, for test), else the most common one. Returns (labels, {old spelling: new})."""
+    counts = labels.value_counts()
+    spellings = [s for s in set(labels) | set(known) if NUMBER_RE.fullmatch(s)]
+    canonical = {}
+    # known spellings first, then the most common (ties: the shortest, then alphabetical)
+    for s in sorted(spellings, key=lambda s: (s not in known, -counts.get(s, 0), len(s), s)):
+        canonical.setdefault(Decimal(s), s)
+    merged = {s: canonical[Decimal(s)] for s in sorted(counts.index)
+              if NUMBER_RE.fullmatch(s) and canonical[Decimal(s)] != s}
+    return labels.replace(merged), merged
+
+
+def sort_labels(labels):
+    """Numbers in numeric order (2 before 10) when every label is one, else alphabetically."""
+    labels = set(labels)
+    if all(NUMBER_RE.fullmatch(s) for s in labels):
+        return sorted(labels, key=lambda s: (Decimal(s), s))
+    return sorted(labels)
+
+
 def split_train_val(df, val_size, seed):
-    """Stratified, seeded split. Classes too small to stratify stay whole in train."""
+    """Stratified, seeded split. Classes with a single example stay in train. Validation gets
+    at least one row of each other class and train keeps one, even when val_size asks for fewer
+    (stratifying needs it, and validation must never be empty)."""
     counts = df["label"].value_counts()
     rare = df["label"].isin(counts[counts < 2].index)
-    train, val = train_test_split(df[~rare], test_size=val_size, random_state=seed,
-                                  stratify=df.loc[~rare, "label"])
+    splittable, classes = df[~rare], int((counts >= 2).sum())
+    if classes == 0:
+        raise PipelineError(f"{TRAIN_CSV}: no validation split possible: each of the {len(counts)} "
+                            "classes has a single example; every class needs two or more")
+    n_val = math.ceil(val_size * len(splittable))  # sklearn's rounding of a fractional test_size
+    n_taken = min(max(n_val, classes), len(splittable) - classes)
+    if n_taken != n_val:
+        print(f"preprocess.val_size {val_size} of {len(splittable)} rows gives {n_val} validation "
+              f"row(s); taking {n_taken}, so train and validation each hold all {classes} classes")
+    train, val = train_test_split(splittable, test_size=n_taken, random_state=seed,
+                                  stratify=splittable["label"])
     if rare.any():
-        print(f"{rare.sum()} row(s) of classes with a single example kept in train only: "
-              f"{sorted(df.loc[rare, 'label'])}")
+        singles = sorted(df.loc[rare, "label"])
+        print(f"{len(singles)} row(s) of classes with a single example kept in train only: "
+              f"{singles[:10]}{' ...' if len(singles) > 10 else ''}")
     return pd.concat([train, df[rare]]), val
 
 
@@ -86,20 +145,51 @@ def check_known_labels(df, labels, path):
                             f"(train has {labels})")
 
 
+def check_unique_ids(ids, column, path):
+    repeated = ids[ids.duplicated(keep=False)]
+    if len(repeated):
+        groups = repeated.groupby(repeated, sort=False).groups
+        listed = "; ".join(f"{value!r} ({row_numbers(rows)})" for value, rows in list(groups.items())[:SHOWN])
+        more = f"; and {len(groups) - SHOWN} more" if len(groups) > SHOWN else ""
+        raise PipelineError(f"{path}: {len(groups)} id(s) in {column!r} occur more than once: "
+                            f"{listed}{more}; the submission needs one row per id")
+
+
+def clean_test_frame(raw, text_column, label_column, id_column, options):
+    """The test rows cleaned; every row is kept, even an empty one: the submission needs a
+    prediction for each."""
+    return pd.DataFrame({
+        "id": raw[id_column] if id_column else range(len(raw)),
+        "text": raw[text_column].map(lambda t: clean_text(t, **options)),
+        "label": raw[label_column].str.strip() if label_column in raw else "",
+    })
+
+
+def report_merged(merged, labels, path):
+    """Say which label spellings unify_numeric_labels merged; `labels` are those before it."""
+    if merged:
+        print(f"{path}: one number, several spellings: " + ", ".join(
+            f"{old!r} -> {new!r} ({(labels == old).sum()} row(s))" for old, new in merged.items()))
+
+
 def main():
     params = load_params("preprocess")
     text_col, label_col, id_col = params["text_column"], params["label_column"], params["id_column"]
     options = {k: params[k] for k in ("lowercase", "unescape_html", "replace_urls",
                                       "replace_mentions", "normalize_whitespace")}
 
-    train_path = RAW / "train.csv"
+    train_path, test_path = TRAIN_CSV, TEST_CSV
     raw = read_csv(train_path)
     require_columns(raw, [text_col, label_col], train_path)
+    require_rows(raw, train_path)
     train = clean_frame(raw, text_col, label_col, options)
-    print(f"{train_path}: {len(raw)} rows, {len(raw) - len(train)} dropped for empty text")
-    if (train["label"] == "").any():
-        raise PipelineError(f"{train_path}: {(train['label'] == '').sum()} row(s) have an empty "
-                            f"{label_col!r}; fill or remove them")
+    dropped = raw.index.difference(train.index)
+    print(f"{train_path}: {len(raw)} rows, {len(dropped)} dropped for empty text"
+          + (f" ({row_numbers(dropped)})" if len(dropped) else ""))
+    require_labels(train, label_col, train_path)
+    unified, merged = unify_numeric_labels(train["label"])
+    report_merged(merged, train["label"], train_path)
+    train["label"] = unified
     if params["drop_duplicates"]:
         before = len(train)
         train = train.drop_duplicates("text")
@@ -111,19 +201,20 @@ def main():
     train, val = split_train_val(train, params["val_size"], params["seed"])
     print(f"train {len(train)} rows, val {len(val)} rows, labels {labels}")
 
-    test_path = RAW / "test.csv"
     test = None
     if test_path.exists():
         raw_test = read_csv(test_path)
         require_columns(raw_test, [text_col] + ([id_col] if id_col else []), test_path)
-        # every test row is kept, even an empty one: the submission needs a prediction for each
-        test = pd.DataFrame({
-            "id": raw_test[id_col] if id_col else range(len(raw_test)),
-            "text": raw_test[text_col].map(lambda t: clean_text(t, **options)),
-            "label": raw_test[label_col].str.strip() if label_col in raw_test else "",
-        })
+        require_rows(raw_test, test_path)
+        if id_col:
+            check_unique_ids(raw_test[id_col], id_col, test_path)
+        test = clean_test_frame(raw_test, text_col, label_col, id_col, options)
+        unified, merged = unify_numeric_labels(test["label"], known=labels)
+        report_merged(merged, test["label"], test_path)
+        test["label"] = unified
         check_known_labels(test, labels, test_path)
-        print(f"test {len(test)} rows, {'with' if (test['label'] != '').any() else 'without'} labels")
+        print(f"test {len(test)} rows ({(test['text'] == '').sum()} with empty text), "
+              f"{'with' if (test['label'] != '').any() else 'without'} labels")
 
     with atomic_dir(OUT) as tmp:
         write_csv(train, tmp / "train.csv")

@@ -1,11 +1,18 @@
 """Fixtures shared by the tests: a tiny BERT with a real vocabulary and a tiny labelled dataset."""
+import os
 import random
 
 import pandas as pd
 import pytest
+from hypothesis import settings
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from stages.common import resolve_model
+
+# CI explores the same examples every run (a red CI must be reproducible); locally they vary.
+settings.register_profile("ci", derandomize=True, deadline=None)
+settings.register_profile("dev", deadline=None)  # 2 busy cores make timings meaningless
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 # Words that decide the class, and words every class uses: a tiny model can learn this in seconds.
 CLASS_WORDS = {

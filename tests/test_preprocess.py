@@ -3,7 +3,7 @@ import pytest
 
 from stages.common import PipelineError, read_csv, write_csv
 from stages.preprocess import (check_known_labels, clean_frame, clean_text, require_columns,
-                               sort_labels, split_train_val)
+                               row_numbers, sort_labels, split_train_val, unify_numeric_labels)
 
 ALL_ON = dict(lowercase=True, unescape_html=True, replace_urls=True, replace_mentions=True,
               normalize_whitespace=True)
@@ -66,3 +66,62 @@ def test_unseen_test_label_is_an_error():
     test = pd.DataFrame({"label": ["a", "z", ""]})
     with pytest.raises(PipelineError, match=r"test.csv: label\(s\) \['z'\] never occur in the training data"):
         check_known_labels(test, ["a", "b"], "data/raw/test.csv")
+
+
+# ---- bad-input helpers (the stage-level cases are in test_bad_input.py) --------------------
+
+def test_lowercasing_never_leaves_an_entity_for_a_second_cleaning():
+    # "&AElig" is an entity, "&AELIG" is not, but lowercasing it gives "&aelig", which is
+    assert clean_text("&AELIG", lowercase=True) == "\u00e6"
+    assert clean_text("&amp;Hellip;", lowercase=True) == "\u2026"
+
+
+@pytest.mark.parametrize("labels, expected", [
+    (["10", "2", "1.5"], ["1.5", "2", "10"]),
+    (["nan", "2", "1"], ["1", "2", "nan"]),  # "nan" is a name: float order would be undefined
+    (["inf", "1_0", "1"], ["1", "1_0", "inf"]),
+    (["b", "2", "a"], ["2", "a", "b"]),
+])
+def test_sort_labels_orders_numbers_only_when_all_are_plain_numbers(labels, expected):
+    assert sort_labels(labels) == expected
+    assert sort_labels(reversed(labels)) == expected
+
+
+def test_unify_numeric_labels_prefers_train_spelling_then_most_common():
+    labels = pd.Series(["1", "1.0", "1.0", "01", "2", "x", "1e0"])
+    unified, merged = unify_numeric_labels(labels)
+    assert merged == {"1": "1.0", "01": "1.0", "1e0": "1.0"}
+    assert unified.tolist() == ["1.0", "1.0", "1.0", "1.0", "2", "x", "1.0"]
+    unified, merged = unify_numeric_labels(pd.Series(["1.00", "3", ""]), known=["1", "2"])
+    assert (unified.tolist(), merged) == (["1", "3", ""], {"1.00": "1"})
+
+
+def test_split_gives_every_class_a_validation_row_when_val_size_is_too_small():
+    # sklearn alone raises here: "The test_size = 1 should be greater or equal to the number of classes = 3"
+    df = pd.DataFrame({"text": [f"t{i}" for i in range(9)], "label": ["a", "b", "c"] * 3})
+    train, val = split_train_val(df, 0.1, seed=0)
+    assert sorted(val["label"]) == ["a", "b", "c"] and sorted(set(train["label"])) == ["a", "b", "c"]
+
+
+def test_split_leaves_train_every_class_when_val_size_is_too_large():
+    df = pd.DataFrame({"text": [f"t{i}" for i in range(6)], "label": ["a", "b", "c"] * 2})
+    train, val = split_train_val(df, 0.9, seed=0)
+    assert sorted(train["label"]) == sorted(val["label"]) == ["a", "b", "c"]
+
+
+def test_row_numbers_count_the_header_and_cap_the_list():
+    assert row_numbers(pd.Index([0])) == "row 2"
+    assert row_numbers(pd.Index(range(8))) == "rows 2, 3, 4, 5, 6 and 3 more"
+
+
+def test_blank_lines_skipped_but_a_one_column_whitespace_text_kept(tmp_path):
+    (tmp_path / "two.csv").write_text("text,label\na,x\n\n  \nb,y\n")
+    assert read_csv(tmp_path / "two.csv")["text"].tolist() == ["a", "b"]
+    (tmp_path / "one.csv").write_text("text\na\n  \nb\n\n\n")
+    assert read_csv(tmp_path / "one.csv")["text"].tolist() == ["a", "  ", "b"]
+
+
+def test_cp1252_fallback_keeps_utf8_characters(tmp_path, capsys):
+    (tmp_path / "t.csv").write_bytes("text\nnaïve\n".encode() + b"\x93quoted\x94 \x81\n")
+    assert read_csv(tmp_path / "t.csv")["text"].tolist() == ["naïve", "\u201cquoted\u201d \x81"]
+    assert "3 byte(s) read as cp1252, the first (0x93) at byte offset 12, line 3" in capsys.readouterr().out
