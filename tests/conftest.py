@@ -4,6 +4,7 @@ import random
 
 import pandas as pd
 import pytest
+import torch
 from hypothesis import settings
 from transformers import AutoTokenizer, BertConfig, BertModel
 
@@ -58,6 +59,7 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
     folder = tmp_path_factory.mktemp("tiny_model")
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    torch.manual_seed(0)  # the same tiny model every session
     BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

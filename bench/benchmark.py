@@ -1,0 +1,407 @@
+"""Benchmark: this pipeline's defaults against the usual fine-tuning recipe, measured side by side.
+
+    python -m bench.benchmark                # CPU: the embedded MiniLM, about 5 minutes on 2 cores
+    python -m bench.benchmark --gpu          # one GPU: a randomly initialised bert-base-sized model, bf16
+    python -m bench.benchmark --repo PATH    # time the no-op `dvc repro` in an existing, reproduced repo
+
+Prints four measurements, each as a ratio against a baseline measured in the same run, so a
+busy machine slows both sides alike (the load average is printed too):
+1. tokenization of the embedded corpus: the tokenize stage's function vs one tokenizer call per
+   row with padding="max_length", return_tensors="pt";
+2. training throughput in real (non-pad) tokens/s over a fixed number of steps: the train stage's
+   defaults vs padding to 128 in fp32 with random batches;
+3. useful training FLOP/s (6 x non-embedding parameters x real tokens/s) as a share of this
+   machine's matmul peak (fp32 on CPU, bf16 on GPU), measured with large square matmuls in short
+   bursts between the defaults' training steps;
+4. wall time of a no-op `dvc repro` over a reproduced pipeline (built here with a tiny model
+   unless --repo names one).
+Needs no network: the corpus and the tokenizer are embedded; the GPU model is built from a BertConfig.
+"""
+import argparse
+import dataclasses
+import functools
+import importlib.util
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors.torch import save_file
+from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, BertConfig,
+                          BertForSequenceClassification, BertModel, DataCollatorWithPadding,
+                          TrainerCallback, TrainingArguments, set_seed)
+from transformers import logging as hf_logging
+from transformers.trainer_callback import PrinterCallback
+
+from stages.common import load_params, pack_sequences, read_csv, resolve_model
+from stages.fetch import write_builtin
+from stages.preprocess import clean_frame
+from stages.speed import CountingTrainer, Throughput, autocast_dtype, peak_memory, pick_batch_size
+from stages.tokenize import TOKENIZE_PARAMS, auto_max_length, model_limit, tokenize_texts
+from stages.train import TRAIN_PARAMS, TokenizedDataset, make_collator, training_arguments
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINE_MAX_LENGTH = 128  # the usual recipe pads every text to this
+BASELINE_BATCH = 32
+GOALS = {"tokenize": 3.0, "train": 3.0, "mfu": 0.5, "dvc_s": 3.0}
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def load_corpus(preprocess):
+    """(train texts, train labels, test texts) of the embedded tweets, cleaned as preprocess cleans them."""
+    options = {k: preprocess[k] for k in ("lowercase", "unescape_html", "replace_urls",
+                                          "replace_mentions", "normalize_whitespace")}
+    with tempfile.TemporaryDirectory() as folder:
+        raw = Path(folder) / "raw"  # write_builtin makes the folder itself
+        write_builtin(raw)
+        frames = [clean_frame(read_csv(raw / f"{s}.csv"), preprocess["text_column"],
+                              preprocess["label_column"], options) for s in ("train", "test")]
+    train, test = frames
+    names = sorted(set(train["label"]))
+    return train["text"].tolist(), [names.index(x) for x in train["label"]], test["text"].tolist()
+
+
+def per_row_seconds(tokenizer, texts):
+    start = time.perf_counter()
+    for text in texts:
+        tokenizer(text, padding="max_length", truncation=True, max_length=BASELINE_MAX_LENGTH,
+                  return_tensors="pt")
+    return time.perf_counter() - start
+
+
+def bench_tokenization(tokenizer, texts, max_length):
+    """(seconds of the tokenize stage's function, seconds of one padded call per row) over all
+    texts. The per-row baseline runs half before the stage's function and half after, so a change
+    in the machine's load affects both alike."""
+    half = len(texts) // 2
+    per_row = per_row_seconds(tokenizer, texts[:half])
+    start = time.perf_counter()
+    tokenize_texts(tokenizer, texts, max_length)
+    stage = time.perf_counter() - start
+    return stage, per_row + per_row_seconds(tokenizer, texts[half:])
+
+
+def matmul_peak(device, dtype, sizes, seconds):
+    """Best FLOP/s of square matmuls of the given sizes, each run for about `seconds`."""
+    best = 0.0
+    for n in sizes:
+        a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+        a @ b
+        sync()
+        queued = 10 if device == "cuda" else 1  # the GPU gets several before each wait
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            for _ in range(queued):
+                a @ b
+            sync()
+            count += queued
+        best = max(best, 2 * n**3 * count / (time.perf_counter() - start))
+    return best
+
+
+def non_embedding_parameters(model):
+    return sum(p.numel() for name, p in model.named_parameters() if "embeddings" not in name)
+
+
+def dataset(folder, name, sequences, labels):
+    """A TokenizedDataset, loaded the way the train stage loads one."""
+    path = Path(folder) / f"{name}.safetensors"
+    save_file(pack_sequences(sequences, labels), path)
+    return TokenizedDataset(path)
+
+
+class PeakSampler(TrainerCallback):
+    """Every `every` optimizer steps and after the last, stops the throughput clock and measures the
+    matmul peak for a moment: on a shared machine the peak is then sampled under the same load as
+    the training."""
+
+    def __init__(self, meter, measure, every=10):
+        self.meter, self.measure, self.every = meter, measure, every
+        self.peaks = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.every == 0 or state.global_step == state.max_steps:
+            start = time.perf_counter()
+            self.peaks.append(self.measure())
+            self.meter.start += time.perf_counter() - start  # the pause is not training time
+
+
+def run_steps(model, args, train_set, collator, steps, warmup, measure_peak=None):
+    """(throughput over `steps` optimizer steps after `warmup` untimed ones (allocator, kernels),
+    matmul peaks measured during those steps when measure_peak is given)."""
+    meter = Throughput()
+    trainer = CountingTrainer(model=model, args=dataclasses.replace(args, max_steps=warmup),
+                              train_dataset=train_set, data_collator=collator, throughput=meter)
+    trainer.remove_callback(PrinterCallback)  # it prints each run's summary: noise here
+    trainer.train()
+    meter.reset()
+    sampler = PeakSampler(meter, measure_peak)
+    if measure_peak:
+        trainer.add_callback(sampler)
+    trainer.args.max_steps = steps
+    trainer.train()  # a fresh shuffle: with length grouping, the first batch holds the longest text
+    return meter, sampler.peaks
+
+
+def combined(meters):
+    """One Throughput summing several measured runs."""
+    total = Throughput()
+    for m in meters:
+        total.samples += m.samples
+        total.padded_tokens += m.padded_tokens
+        total.real_tokens += int(m.real_tokens)
+        total.seconds += m.seconds
+    return total
+
+
+def free_gpu():
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def bench_training(make_model, tokenizer, data, params, device, steps, baseline_steps, warmup, measure_peak):
+    """(summary of the defaults' throughput, of the baseline's, {batch size, accumulation, longest
+    batch, peak memory, matmul peaks measured during the defaults' run}). data: (sequences cut to
+    max_length, cut to 128, labels). The baseline runs half its steps before the defaults and half
+    after, so a change in the machine's load affects both sides alike."""
+    sequences, baseline_sequences, labels = data
+    quiet = {"disable_tqdm": True, "logging_strategy": "no", "eval_strategy": "no", "report_to": "none"}
+    with tempfile.TemporaryDirectory() as folder:
+        padded = dataset(folder, "baseline", baseline_sequences, labels)
+        pad_128 = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=BASELINE_MAX_LENGTH)
+        usual = TrainingArguments(folder, per_device_train_batch_size=BASELINE_BATCH, learning_rate=params["lr"],
+                                  save_strategy="no", seed=0, tf32=False if device == "cuda" else None,
+                                  dataloader_pin_memory=device == "cuda", **quiet)
+        baseline = [run_steps(make_model(), usual, padded, pad_128, baseline_steps // 2, warmup)[0]]
+        free_gpu()
+
+        model = make_model()
+        batch, accumulation, seq_len = pick_batch_size(model, sequences, params["batch_size"],
+                                                       params["effective_batch_size"],
+                                                       params["mixed_precision"], device)
+        args = dataclasses.replace(training_arguments(params, folder, device, batch, accumulation), **quiet)
+        ours, peaks = run_steps(model, args, dataset(folder, "ours", sequences, labels),
+                                make_collator(tokenizer, device), steps, warmup, measure_peak)
+        memory = peak_memory()
+        del model
+        free_gpu()
+
+        rest = baseline_steps - baseline_steps // 2
+        baseline.append(run_steps(make_model(), usual, padded, pad_128, rest, warmup)[0])
+    run = {"batch": batch, "accumulation": accumulation, "seq_len": seq_len, "peaks": peaks, **memory}
+    return ours.summary(), combined(baseline).summary(), run
+
+
+def command(args, cwd):
+    """Run a command with this interpreter's folder first on PATH (dvc.yaml says `python`)."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+    if result.returncode != 0:
+        sys.exit(f"{' '.join(map(str, args))} failed in {cwd}:\n"
+                 f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    return result.stdout
+
+
+def dvc(*args, cwd):
+    return command([sys.executable, "-m", "dvc", *args], cwd)
+
+
+def build_pipeline_repo(root, tokenizer):
+    """This pipeline with its default data and params in a fresh git + DVC repo, reproduced. Two
+    changes make the full `dvc repro` take about a minute, and leave the no-op as it is: the model
+    is a tiny randomly initialised BERT, and the effective batch is 512 (70 optimizer steps)."""
+    model_dir = root / "tiny_model"
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    BertModel(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    repo = root / "pipeline"
+    repo.mkdir()
+    for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):
+        shutil.copy(REPO / name, repo / name)
+    shutil.copytree(REPO / "stages", repo / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["model"]["name"] = str(model_dir)
+    params["train"]["effective_batch_size"] = 512
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    command(["git", "init", "-q"], repo)
+    dvc("init", "-q", cwd=repo)
+    dvc("config", "core.analytics", "false", cwd=repo)  # as this repository's .dvc/config has it
+    command(["git", "add", "-A"], repo)
+    command(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "pipeline"],
+            repo)
+    start = time.perf_counter()
+    dvc("repro", cwd=repo)
+    print(f"   (built {repo} with a tiny model: full dvc repro {time.perf_counter() - start:.0f} s)")
+    return repo
+
+
+def require_reproduced(repo):
+    if dvc("status", "--json", cwd=repo).strip() not in ("{}", ""):
+        sys.exit(f"{repo}: dvc status shows changes; run `dvc repro` there first, then time the no-op")
+
+
+def noop_repro_seconds(repo, runs=3):
+    """Median wall time of `dvc repro` in a repo where nothing changed; exits if a stage runs."""
+    require_reproduced(repo)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        out = dvc("repro", cwd=repo)
+        times.append(time.perf_counter() - start)
+        if re.search(r"Running stage", out):
+            sys.exit(f"{repo}: `dvc repro` ran a stage, so it was not a no-op:\n{out}")
+    return statistics.median(times)
+
+
+def verdict(value, goal, at_least=True):
+    ok = value >= goal if at_least else value <= goal
+    return "meets the goal" if ok else "BELOW THE GOAL"
+
+
+def cpu_model():
+    hf_logging.set_verbosity_error()  # the new classifier head is reported as MISSING: expected
+    set_seed(0)
+    return AutoModelForSequenceClassification.from_pretrained(resolve_model("minilm"), num_labels=3)
+
+
+def gpu_model(vocab_size):
+    """A bert-base-sized classifier (12 layers, hidden 768), randomly initialised: no download."""
+    set_seed(0)
+    config = BertConfig(vocab_size=vocab_size, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                        intermediate_size=3072, max_position_embeddings=512, num_labels=3)
+    return BertForSequenceClassification(config)
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpu", action="store_true", help="bert-base-sized model on one GPU, bf16")
+    parser.add_argument("--repo", type=Path, help="time the no-op dvc repro in this reproduced pipeline repo")
+    parser.add_argument("--steps", type=int, default=50,
+                        help="timed optimizer steps with the defaults (50: on CPU one whole group of "
+                             "length-sorted batches, as LengthGroupedSampler makes them)")
+    parser.add_argument("--baseline-steps", type=int, help="timed optimizer steps of the baseline")
+    parser.add_argument("--threads", type=int,
+                        help="torch CPU threads for training and the matmul peak (default: torch's choice); "
+                             "1 keeps a shared, busy machine from stalling torch's threads at every operation")
+    parser.add_argument("--tokenizer", type=Path,
+                        help="folder of the tokenizer (and config.json) to use instead of the embedded MiniLM's, "
+                             "e.g. on a machine where the 88 MB model package cannot be installed")
+    parser.add_argument("--effective-batch-size", type=int,
+                        help="overrides train.effective_batch_size (GPU default 1024: at 32 a big GPU idles)")
+    return parser.parse_args()
+
+
+def report_tokenization(tokenizer, texts, max_length):
+    stage_s, per_row_s = bench_tokenization(tokenizer, texts, max_length)
+    ratio = per_row_s / stage_s
+    print(f"1. tokenization of {len(texts)} texts: tokenize stage {stage_s:.2f} s vs one padded call per "
+          f"row {per_row_s:.2f} s: {ratio:.1f}x (goal >= {GOALS['tokenize']:.0f}x: "
+          f"{verdict(ratio, GOALS['tokenize'])})")
+
+
+def report_training(ours, baseline, run, max_length, precision, steps, baseline_steps):
+    ratio = ours["tokens_per_s"] / baseline["tokens_per_s"]
+    print(f"2. training, real tokens/s: defaults {ours['tokens_per_s']:.0f} over {steps} steps (batch "
+          f"{run['batch']} x {run['accumulation']} accumulated, max_length {max_length}, longest batch "
+          f"{run['seq_len']}, {precision}, padding {ours['padding_fraction']:.0%}) vs padded to "
+          f"{BASELINE_MAX_LENGTH}, fp32, batch {BASELINE_BATCH} {baseline['tokens_per_s']:.0f} over "
+          f"{baseline_steps} steps (padding "
+          f"{baseline['padding_fraction']:.0%}): {ratio:.1f}x (goal >= {GOALS['train']:.0f}x: "
+          f"{verdict(ratio, GOALS['train'])})")
+
+
+def report_flops(n_params, ours, baseline, peaks, precision):
+    peak = statistics.mean(peaks)  # sampled during training: under the same load
+    useful = 6 * n_params * ours["tokens_per_s"]
+    share = useful / peak
+    print(f"3. useful training FLOP/s: 6 x {n_params / 1e6:.1f}M non-embedding params x "
+          f"{ours['tokens_per_s']:.0f} tokens/s = {useful / 1e9:.1f} GFLOP/s = {share:.0%} of the {precision} "
+          f"matmul peak measured here, {peak / 1e9:.1f} GFLOP/s (mean of {len(peaks)} samples taken during "
+          f"training, {min(peaks) / 1e9:.1f} to {max(peaks) / 1e9:.1f}) "
+          f"(goal >= {GOALS['mfu']:.0%}: {verdict(share, GOALS['mfu'])}); the baseline: "
+          f"{6 * n_params * baseline['tokens_per_s'] / peak:.0%}")
+
+
+def report_dvc(repo_option, tokenizer):
+    if importlib.util.find_spec("dvc") is None:
+        print("4. no-op dvc repro: skipped, dvc is not installed in this Python")
+        return
+    with tempfile.TemporaryDirectory() as root:
+        repo = repo_option.resolve() if repo_option else build_pipeline_repo(Path(root), tokenizer)
+        seconds = noop_repro_seconds(repo)
+    where = repo_option or "the default pipeline (tiny model)"
+    print(f"4. no-op dvc repro in {where}: {seconds:.2f} s, median of 3 (goal <= {GOALS['dvc_s']:.0f} s: "
+          f"{verdict(seconds, GOALS['dvc_s'], at_least=False)})")
+
+
+def load_average():
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main():
+    opts = parse_args()
+    if opts.gpu and not torch.cuda.is_available():
+        sys.exit("--gpu: no CUDA GPU visible to torch")
+    if opts.gpu and torch.cuda.device_count() > 1:  # Trainer would split each batch over all of them
+        sys.exit("--gpu measures one GPU: run it as CUDA_VISIBLE_DEVICES=0 python -m bench.benchmark --gpu")
+    if opts.repo:
+        require_reproduced(opts.repo.resolve())  # before minutes of measuring, not after
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    device = "cuda" if opts.gpu else "cpu"
+    os.chdir(REPO)  # params.yaml is read from the repository root
+    preprocess = load_params("preprocess")
+    tokenize = load_params("tokenize", TOKENIZE_PARAMS)
+    params = load_params("train", TRAIN_PARAMS)
+    if opts.effective_batch_size or opts.gpu:
+        params["effective_batch_size"] = opts.effective_batch_size or 1024
+    baseline_steps = opts.baseline_steps or (100 if opts.gpu else 8)
+    warmup = 5 if opts.gpu else 1
+    where = torch.cuda.get_device_name() if opts.gpu else f"cpu, {torch.get_num_threads()} torch threads"
+    print(f"benchmark on {where} ({os.cpu_count()} cores, load average {load_average()}); "
+          f"torch {torch.__version__}")
+
+    model_source = str(opts.tokenizer) if opts.tokenizer else resolve_model("minilm")
+    tokenizer = AutoTokenizer.from_pretrained(model_source)
+    train_texts, labels, test_texts = load_corpus(preprocess)
+    max_length = tokenize["max_length"]
+    if max_length == "auto":
+        _, lengths = tokenize_texts(tokenizer, train_texts, BASELINE_MAX_LENGTH)
+        limit = model_limit(tokenizer, AutoConfig.from_pretrained(model_source))
+        max_length = auto_max_length(lengths, tokenize["length_percentile"], limit)
+    report_tokenization(tokenizer, train_texts + test_texts, max_length)
+
+    peak_dtype = (autocast_dtype(params["mixed_precision"]) if opts.gpu else None) or torch.float32
+    precision = str(peak_dtype).removeprefix("torch.")
+    sizes = [8192] if opts.gpu else [1024, 2048]
+    measure_peak = functools.partial(matmul_peak, device, peak_dtype, sizes, seconds=0.5)
+    sequences, _ = tokenize_texts(tokenizer, train_texts, max_length)
+    baseline_sequences, _ = tokenize_texts(tokenizer, train_texts, BASELINE_MAX_LENGTH)
+    make_model = functools.partial(gpu_model, len(tokenizer)) if opts.gpu else cpu_model
+    ours, baseline, run = bench_training(make_model, tokenizer, (sequences, baseline_sequences, labels), params,
+                                         device, opts.steps, baseline_steps, warmup, measure_peak)
+    report_training(ours, baseline, run, max_length, precision, opts.steps, baseline_steps)
+    if opts.gpu:
+        print(f"   train.batch_size {params['batch_size']} chose {run['batch']} per step for an effective "
+              f"batch of {params['effective_batch_size']}, probed at {run['seq_len']} tokens; peak GPU memory "
+              f"{run['peak_gpu_gb']:.1f} GiB ({run['peak_gpu_fraction']:.0%} of the GPU)")
+    report_flops(non_embedding_parameters(make_model()), ours, baseline, run["peaks"], precision)
+    report_dvc(opts.repo, tokenizer)
+    print(f"load average at the end: {load_average()}")
+
+
+if __name__ == "__main__":
+    main()

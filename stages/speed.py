@@ -1,0 +1,187 @@
+"""Speed and memory helpers of the train stage: choosing the batch size, probing GPU memory,
+and measuring throughput. Kept out of train.py so that file stays a short, linear script."""
+import functools
+import os
+import resource
+import time
+
+import torch
+from transformers import Trainer, TrainerCallback
+
+from stages.common import PipelineError
+
+# Probing leaves this share of GPU memory unused: real training also holds the allocator's
+# fragmentation across changing sequence lengths, dataloader buffers and evaluation.
+MEMORY_HEADROOM = 0.85
+
+
+def divisors(n):
+    return [b for b in range(1, n + 1) if n % b == 0]
+
+
+def find_batch_size(fits, effective_batch_size):
+    """Largest per-device batch b dividing effective_batch_size with fits(b) true, and the
+    gradient accumulation steps effective_batch_size // b; None when not even 1 fits.
+    Binary search: fits must be monotone (a batch smaller than one that fits also fits)."""
+    sizes = divisors(effective_batch_size)  # divisors keep the effective batch exact
+    if fits(sizes[-1]):
+        return sizes[-1], 1
+    fit, no_fit = -1, len(sizes) - 1  # indices into sizes; -1: no fitting size known yet
+    while no_fit - fit > 1:
+        mid = (fit + no_fit) // 2
+        if fits(sizes[mid]):
+            fit = mid
+        else:
+            no_fit = mid
+    return None if fit < 0 else (sizes[fit], effective_batch_size // sizes[fit])
+
+
+def use_expandable_segments():
+    """Let PyTorch's GPU allocator grow segments in place: with a different sequence length in
+    every batch, fixed-size blocks fragment and can run out of memory where the probe fit.
+    Must run before the first GPU allocation; a setting the user made wins."""
+    if not {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"} & set(os.environ):
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+
+
+def out_of_memory(batch_size, seq_len, largest):
+    """The one-line message for a batch that does not fit (largest: what fits, or None)."""
+    fix = (f"the largest batch that fits is {largest}: set train.batch_size to auto or at most {largest}"
+           if largest else "not even 1 text fits: lower tokenize.max_length or pick a smaller model")
+    return (f"out of GPU memory at train.batch_size {batch_size} with texts of {seq_len} tokens (the longest "
+            f"after tokenize.max_length); {fix}")
+
+
+def out_of_memory_in_training(batch_size, seq_len):
+    """The one-line message for an out-of-memory error after the probe said the batch fits."""
+    return (f"out of GPU memory during training at train.batch_size {batch_size} with texts of up to "
+            f"{seq_len} tokens (the longest after tokenize.max_length), though that fit when probed before "
+            f"training (is another process using the GPU?); set train.batch_size to {max(1, batch_size // 2)} "
+            f"or lower tokenize.max_length")
+
+
+def choose_batch_size(requested, effective_batch_size, fits, seq_len):
+    """(per-device batch, gradient accumulation steps) for train.batch_size (a number or auto).
+    auto: the largest fitting divisor of the effective batch; a number must fit as it is."""
+    if requested == "auto":
+        found = find_batch_size(fits, effective_batch_size)
+        if found is None:
+            raise PipelineError(out_of_memory(1, seq_len, None))
+        return found
+    if not isinstance(requested, int) or isinstance(requested, bool) or requested < 1:
+        raise PipelineError(f"train.batch_size must be auto or a whole number >= 1, not {requested!r}")
+    if not fits(requested):
+        found = find_batch_size(fits, effective_batch_size)
+        raise PipelineError(out_of_memory(requested, seq_len, found and found[0]))
+    return requested, max(1, round(effective_batch_size / requested))
+
+
+def pick_batch_size(model, sequences, requested, effective_batch_size, mixed_precision, device):
+    """(per-device batch, accumulation steps, longest batch length) for train.batch_size.
+    On GPU, batches are probed at the longest sequence, padded as the collator pads it."""
+    seq_len = max(len(s) for s in sequences)
+    if device != "cuda":  # CPU memory is not worth probing: an epoch of a 2-core CPU fits easily
+        return (*choose_batch_size(requested, effective_batch_size, lambda b: True, seq_len), seq_len)
+    seq_len = -(-seq_len // 8) * 8  # the collator pads to a multiple of 8 on GPU
+    model.to(device)
+    fits = functools.partial(cuda_fits, model, seq_len=seq_len, dtype=autocast_dtype(mixed_precision))
+    return (*choose_batch_size(requested, effective_batch_size, fits, seq_len), seq_len)
+
+
+def autocast_dtype(mixed_precision):
+    """bf16 where the GPU supports it, else fp16 (with loss scaling); None: fp32. CPU keeps fp32."""
+    if not (mixed_precision and torch.cuda.is_available()):
+        return None
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def step_peak_memory(model, batch_size, seq_len, dtype):
+    """Peak GPU bytes of one training step (forward, backward, AdamW's state) at batch_size x seq_len."""
+    device = next(model.parameters()).device
+    model.train()  # dropout's masks take memory too
+    torch.cuda.reset_peak_memory_stats(device)
+    # AdamW allocates two fp32 buffers per parameter at its first step: hold their room now
+    adam_state = [torch.empty_like(p, dtype=torch.float32) for p in model.parameters() for _ in (0, 1)]
+    ids = torch.full((batch_size, seq_len), 1000, dtype=torch.long, device=device)  # any real token id
+    with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+        loss = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                     labels=torch.zeros(batch_size, dtype=torch.long, device=device)).loss
+    loss.backward()
+    del adam_state
+    return torch.cuda.max_memory_allocated(device)
+
+
+def cuda_fits(model, batch_size, seq_len, dtype):
+    """Whether a training step at batch_size x seq_len tokens fits in GPU memory with
+    MEMORY_HEADROOM to spare. Leaves the model's weights unchanged."""
+    total = torch.cuda.get_device_properties(next(model.parameters()).device).total_memory
+    torch.cuda.empty_cache()
+    try:
+        peak = step_peak_memory(model, batch_size, seq_len, dtype)
+    except torch.cuda.OutOfMemoryError:
+        peak = None  # leaving the except clause frees the failed step's tensors
+    model.zero_grad(set_to_none=True)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()  # training's peak memory is reported, not the probe's
+    return peak is not None and peak <= MEMORY_HEADROOM * total
+
+
+class CountingTrainer(Trainer):
+    """Trainer that hands every training micro-batch to a Throughput callback to be counted."""
+
+    def __init__(self, *args, throughput, callbacks=(), **kwargs):
+        super().__init__(*args, callbacks=[*callbacks, throughput], **kwargs)
+        self.throughput = throughput
+        # transformers 5 sees **kwargs in BertForSequenceClassification.forward, assumes the
+        # model normalises its loss by num_items_in_batch and skips dividing by the accumulation
+        # steps; the model's loss is a per-batch mean, so losses (and gradients) would be summed
+        # over micro-batches. False makes Trainer average them, as accumulation should.
+        self.model_accepts_loss_kwargs = False
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.throughput.count(inputs)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+class Throughput(TrainerCallback):
+    """Examples, real (non-pad) and padded tokens of the training micro-batches, and the time
+    spent in training epochs (evaluation excluded)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.samples = self.padded_tokens = 0
+        self.real_tokens = 0  # becomes a tensor on the training device: summing there needs no sync
+        self.seconds = 0.0
+        self.start = None
+
+    def count(self, inputs):
+        self.samples += inputs["input_ids"].shape[0]
+        self.padded_tokens += inputs["input_ids"].numel()
+        self.real_tokens = self.real_tokens + inputs["attention_mask"].sum()
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # queued GPU work belongs to this epoch's time
+        self.seconds += time.perf_counter() - self.start
+
+    def summary(self):
+        real = int(self.real_tokens)
+        seconds = max(self.seconds, 1e-9)
+        return {"samples_per_s": round(self.samples / seconds, 1), "tokens_per_s": round(real / seconds, 1),
+                "padding_fraction": round(1 - real / max(self.padded_tokens, 1), 4)}
+
+
+def peak_memory():
+    """Peak memory of this process: CPU resident set, and GPU memory allocated when there is a GPU."""
+    # ru_maxrss is in KiB on Linux
+    peak = {"peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
+    if torch.cuda.is_available():
+        allocated = torch.cuda.max_memory_allocated()
+        peak["peak_gpu_gb"] = round(allocated / 2**30, 3)
+        peak["peak_gpu_fraction"] = round(allocated / torch.cuda.get_device_properties(0).total_memory, 4)
+    return peak

@@ -1,0 +1,189 @@
+"""Experiments end to end: two queued `dvc exp run`s with different train.lr, run two at a time
+by `dvc queue start -j 2` in a fresh `git clone` (no DVC cache, no outputs, nothing untracked),
+then compared with `dvc exp show`, `dvc exp diff` and `dvc plots diff`."""
+import csv
+import io
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.test_pipeline import REPO, dvc, run, set_params
+
+# Small enough for CI, large enough that both curves have points (2 evaluations per run).
+TINY_PARAMS = dict(preprocess__id_column="id", train__epochs=2, train__batch_size=16,
+                   train__lr=3e-3, evaluate__batch_size=32)
+PROJECT_FILES = ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore")
+QUEUE_TIMEOUT = 900  # seconds for both queued runs (each runs all five stages)
+LEARNING_RATES = {"lr-small": 1e-3, "lr-large": 5e-3}
+# the README's `dvc exp show --drop '.*' --keep ...`: the columns worth comparing
+SHOW_COLUMNS = r"Experiment|train\.lr|train\.epochs|val\.accuracy|val\.f1_macro|test\.f1_macro"
+
+
+def init_pipeline_repo(repo, data_dir, model_dir, **params):
+    """A git + DVC repo at repo holding this project's pipeline, pointed at the tiny data and
+    model, committed and not yet run. Local git identity, so `dvc exp` can commit in CI."""
+    repo = Path(repo)
+    repo.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_FILES:
+        shutil.copy(REPO / name, repo / name)
+    shutil.copytree(REPO / "stages", repo / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+    set_params(repo, fetch__source=str(data_dir), model__name=str(model_dir), **{**TINY_PARAMS, **params})
+    run(["git", "init", "-q", "-b", "main"], repo)
+    run(["git", "config", "user.name", "pipeline-test"], repo)
+    run(["git", "config", "user.email", "pipeline-test@localhost"], repo)
+    dvc("init", "-q", cwd=repo)
+    dvc("config", "core.analytics", "false", cwd=repo)
+    commit_all(repo, "pipeline")
+    return repo
+
+
+def commit_all(repo, message):
+    run(["git", "add", "-A"], repo)
+    run(["git", "commit", "-qm", message], repo)
+
+
+def clone(source, dest):
+    """A fresh `git clone`: what a teammate or a new Colab runtime starts from."""
+    run(["git", "clone", "-q", str(source), str(dest)], Path(dest).parent)
+    run(["git", "config", "user.name", "pipeline-test"], dest)
+    run(["git", "config", "user.email", "pipeline-test@localhost"], dest)
+    return Path(dest)
+
+
+def wait_for_queue(repo, names, timeout=QUEUE_TIMEOUT):
+    """Poll `dvc queue status` until none of names is queued or running; return the table.
+    On timeout, kill the runs and fail with their logs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        table = dvc("queue", "status", cwd=repo).stdout
+        if not any(word in table for word in ("Queued", "Running")):
+            return table
+        time.sleep(3)
+    logs = queue_logs(repo, names)
+    dvc("queue", "kill", *names, cwd=repo, check=False)
+    raise AssertionError(f"queued experiments not done after {timeout}s:\n{table}\n{logs}")
+
+
+def queue_logs(repo, names):
+    return "\n".join(dvc("queue", "logs", name, cwd=repo, check=False).stdout for name in names)
+
+
+def experiments_by_name(shown):
+    """{name: {"params": {...}, "metrics": {...}}} of the experiments in `dvc exp show --json`."""
+    found = {}
+    for baseline in shown:
+        for exp in baseline.get("experiments") or []:
+            for revision in exp.get("revs") or []:
+                data = revision.get("data") or {}
+                found[revision.get("name") or data.get("name")] = {
+                    "params": data.get("params", {}), "metrics": data.get("metrics", {}),
+                    "error": revision.get("error") or data.get("error")}
+    return found
+
+
+@pytest.fixture(scope="module")
+def queued(tmp_path_factory, tiny_data_dir, tiny_model_dir):
+    """A clean clone in which two queued experiments ran two at a time. Yields the clone."""
+    base = tmp_path_factory.mktemp("experiments")
+    origin = init_pipeline_repo(base / "origin", tiny_data_dir, tiny_model_dir)
+    repo = clone(origin, base / "clone")
+    for name, lr in LEARNING_RATES.items():
+        dvc("exp", "run", "--queue", "-n", name, "-S", f"train.lr={lr}", cwd=repo)
+    dvc("queue", "start", "-j", "2", cwd=repo)
+    try:
+        table = wait_for_queue(repo, list(LEARNING_RATES))
+    finally:  # the workers exit once the queue is empty; never leave one running after a failure
+        dvc("queue", "stop", "--kill", cwd=repo, check=False)
+    done = [line for line in table.splitlines() if "Success" in line]
+    if not all(any(name in line for line in done) for name in LEARNING_RATES):
+        raise AssertionError(f"queued experiments failed:\n{table}\n{queue_logs(repo, LEARNING_RATES)}")
+    yield repo
+
+
+def test_queued_experiments_are_listed_with_their_params_and_metrics(queued):
+    shown = json.loads(dvc("exp", "show", "--json", cwd=queued).stdout)
+    experiments = experiments_by_name(shown)
+    assert set(LEARNING_RATES) <= set(experiments), sorted(experiments)
+    for name, lr in LEARNING_RATES.items():
+        exp = experiments[name]
+        assert exp["error"] is None, (name, exp["error"])
+        assert exp["params"]["params.yaml"]["data"]["train"]["lr"] == lr
+        train = exp["metrics"]["reports/train/metrics.json"]["data"]
+        evaluation = exp["metrics"]["reports/evaluate/metrics.json"]["data"]
+        assert 0 <= train["eval"]["f1_macro"] <= 1, (name, train)
+        assert 0 <= evaluation["val"]["accuracy"] <= 1, (name, evaluation)
+        assert 0 <= evaluation["test"]["f1_macro"] <= 1, (name, evaluation)
+
+
+def test_each_experiment_trained_with_its_own_learning_rate(queued):
+    # dvclive's curve holds the learning rate the scheduler really used; its peak is train.lr,
+    # so this fails if `-S train.lr=...` never reached the training. Read through `dvc plots
+    # diff`, which finds the curve in git or in the DVC cache, wherever dvc.yaml keeps it.
+    curve = "reports/train/plots/metrics/learning_rate.tsv"
+    shown = json.loads(dvc("plots", "diff", *LEARNING_RATES, "--json", "--targets", curve, cwd=queued).stdout)
+    points = shown["data"][curve][0]["content"]["data"]["values"]
+    for name, lr in LEARNING_RATES.items():
+        peak = max(float(p["learning_rate"]) for p in points if p["rev"] == name)
+        assert peak == pytest.approx(lr, rel=0.2), (name, peak)
+
+
+def test_exp_show_with_the_readme_columns_lists_both(queued):
+    # the README's command for a readable table: the params and metrics worth comparing
+    out = dvc("exp", "show", "--csv", "--drop", ".*", "--keep", SHOW_COLUMNS, cwd=queued).stdout
+    rows = {row["Experiment"]: row for row in csv.DictReader(io.StringIO(out))}
+    assert set(LEARNING_RATES) <= set(rows), out
+    for name, lr in LEARNING_RATES.items():
+        assert float(rows[name]["train.lr"]) == lr, out
+        for column in ("val.accuracy", "val.f1_macro", "test.f1_macro"):
+            assert 0 <= float(rows[name][column]) <= 1, (name, column, out)
+
+
+def test_exp_diff_and_plots_diff_compare_the_two(queued):
+    # --all: tiny runs may well score the same, and exp diff hides unchanged metrics
+    diff = json.loads(dvc("exp", "diff", "lr-small", "lr-large", "--all", "--json", cwd=queued).stdout)
+    assert diff["params"]["params.yaml"]["train.lr"] == pytest.approx({"old": 1e-3, "new": 5e-3, "diff": 4e-3})
+    assert "val.accuracy" in diff["metrics"]["reports/evaluate/metrics.json"], diff["metrics"]
+    dvc("plots", "diff", "lr-small", "lr-large", "-o", "compare", cwd=queued)
+    page = (queued / "compare/index.html").read_text()
+    for name in LEARNING_RATES:
+        assert f'"rev": "{name}"' in page, f"{name}'s points missing from the plots diff page"
+    for plot in declared_plots(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]):
+        assert f'id = "{re.sub(r"[^A-Za-z0-9]", "_", plot)}"' in page, f"{plot} missing from the plots diff page"
+
+
+def test_everything_the_pipeline_reads_is_tracked_by_git():
+    """Queued and temp runs see only what git tracks: a dep that no stage writes must be
+    committed and not ignored, or `dvc exp run --queue` fails in a clean checkout."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    written = {path for stage in stages.values() for path in declared_outputs(stage)}
+    needed = {"dvc.yaml", "params.yaml", *(str(p.relative_to(REPO)) for p in (REPO / "stages").glob("*.py"))}
+    for stage in stages.values():
+        needed |= {dep for dep in stage.get("deps", []) if not any(under(dep, out) for out in written)}
+    tracked = set(run(["git", "ls-files", "--", *sorted(needed)], REPO).stdout.split())
+    untracked = sorted(path for path in needed if path not in tracked)
+    assert not untracked, f"not committed to git, so queued/temp experiments cannot see them: {untracked}"
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *sorted(needed)], cwd=REPO,
+                             capture_output=True, text=True).stdout.split()
+    assert not ignored, f"ignored by .gitignore, so queued/temp experiments cannot see them: {ignored}"
+
+
+def declared_plots(stages):
+    for stage in stages.values():
+        for entry in stage.get("plots", []):
+            yield next(iter(entry)) if isinstance(entry, dict) else entry
+
+
+def declared_outputs(stage):
+    for section in ("outs", "metrics", "plots"):
+        for entry in stage.get(section, []):
+            yield next(iter(entry)) if isinstance(entry, dict) else entry
+
+
+def under(path, folder):
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
