@@ -219,7 +219,7 @@ def write_csv(df, path):
 URL_USERINFO_RE = re.compile(r"(?<=://)[^/\s@]+@")
 SECRET_QUERY_RE = re.compile(
     r"(?<=[?&])((?:access_)?token|key|api_?key|sig|signature|secret|password|auth|"
-    r"x-amz-credential|x-amz-signature|x-amz-security-token)=[^&\s#'\"]+", re.IGNORECASE)
+    r"x-amz-credential|x-amz-signature|x-amz-security-token)=[^&\s#:'\"]+", re.IGNORECASE)
 
 
 def redact(text):

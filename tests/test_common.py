@@ -66,5 +66,7 @@ def test_redact_masks_credentials_in_urls():
             " and http://h/?token=t0k#frag")
     assert redact(text) == ("failed: https://***@host/x.csv and https://h/f.csv?X-Amz-Signature=***&x=1"
                             " and http://h/?token=***#frag")
+    assert redact("http://h/x.csv?token=t0k: the server answered 404") == \
+        "http://h/x.csv?token=***: the server answered 404"
     assert redact("https://drive.google.com/uc?id=1abc&export=download") == \
         "https://drive.google.com/uc?id=1abc&export=download"
