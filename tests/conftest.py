@@ -55,10 +55,12 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer):
-    """A randomly initialised 2-layer BERT (hidden 32) saved with the embedded model's real tokenizer."""
+    """A randomly initialised 2-layer BERT (hidden 64) saved with the embedded model's real tokenizer."""
     folder = tmp_path_factory.mktemp("tiny_model")
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    # hidden 32 was seen to stall in a one-class-missing solution for some seeds; 64 learned
+    # the keyword task for every seed tried (1-6, 42)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=128, max_position_embeddings=128)
     torch.manual_seed(0)  # the same tiny model every session
     BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -54,8 +54,8 @@ def pipeline(tmp_path_factory, tiny_data_dir, tiny_model_dir):
         shutil.copy(REPO / name, repo / name)
     shutil.copytree(REPO / "stages", repo / "stages", ignore=shutil.ignore_patterns("__pycache__"))
     set_params(repo, fetch__source=str(tiny_data_dir), preprocess__id_column="id",
-               model__name=str(tiny_model_dir), train__epochs=8, train__batch_size=16,
-               train__effective_batch_size=16, train__lr=1e-2, evaluate__batch_size=32)
+               model__name=str(tiny_model_dir), train__epochs=10, train__batch_size=16,
+               train__effective_batch_size=16, train__lr=3e-3, evaluate__batch_size=32)
     run(["git", "init", "-q"], repo)
     dvc("init", "-q", cwd=repo)
     run(["git", "add", "-A"], repo)
