@@ -191,7 +191,9 @@ def bench_training(make_model, tokenizer, data, params, device, steps, baseline_
         batch, accumulation, seq_len = pick_batch_size(model, sequences, params["batch_size"],
                                                        params["effective_batch_size"],
                                                        params["mixed_precision"], device)
-        args = dataclasses.replace(training_arguments(params, folder, device, batch, accumulation), **quiet)
+        # no checkpoints: writing them would be timed as training
+        args = dataclasses.replace(training_arguments(params, folder, device, batch, accumulation), **quiet,
+                                   save_strategy="no")
         ours, peaks = run_steps(model, args, dataset(folder, "ours", sequences, labels),
                                 make_collator(tokenizer, device), steps, warmup, measure_peak)
         memory = peak_memory()

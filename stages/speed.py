@@ -7,6 +7,7 @@ import time
 
 import torch
 from transformers import Trainer, TrainerCallback
+from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from stages.common import PipelineError
 
@@ -126,8 +127,31 @@ def cuda_fits(model, batch_size, seq_len, dtype):
     return peak is not None and peak <= MEMORY_HEADROOM * total
 
 
+class EpochSeededLengthGroupedSampler(LengthGroupedSampler):
+    """transformers' length-grouped order, drawn from a generator seeded with (seed, epoch) alone,
+    as accelerate's SeedableRandomSampler does for plain shuffling. transformers' own sampler draws
+    from the global RNG when an epoch starts, a state a run resumed mid-epoch cannot rebuild: it
+    would see other batches than the run it continues. Seeded this way, a resumed epoch replays the
+    same order, and every process of a multi-process run draws the same one."""
+
+    def __init__(self, batch_size, lengths, seed):
+        super().__init__(batch_size, lengths=lengths)
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch):  # Trainer and accelerate call it before each epoch
+        self.epoch = epoch
+
+    def __iter__(self):
+        self.generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        yield from super().__iter__()
+        self.epoch += 1  # when nobody calls set_epoch, the next pass is still a new order
+
+
 class CountingTrainer(Trainer):
-    """Trainer that hands every training micro-batch to a Throughput callback to be counted."""
+    """Trainer that hands every training micro-batch to a Throughput callback to be counted,
+    shuffles length groups reproducibly (EpochSeededLengthGroupedSampler), and evaluates without
+    touching the RNG that dropout draws from."""
 
     def __init__(self, *args, throughput, callbacks=(), **kwargs):
         super().__init__(*args, callbacks=[*callbacks, throughput], **kwargs)
@@ -141,6 +165,29 @@ class CountingTrainer(Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.throughput.count(inputs)
         return super().training_step(model, inputs, num_items_in_batch)
+
+    def _get_train_sampler(self, train_dataset=None):
+        if self.args.train_sampling_strategy != "group_by_length":
+            return super()._get_train_sampler(train_dataset)
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        # The seed comes from the global RNG right after Trainer seeded it (train.seed): the same
+        # in a resumed run and in every process, and new for each dataloader built after that.
+        seed = int(torch.randint(2**31, ()))
+        return EpochSeededLengthGroupedSampler(self.args.train_batch_size * self.args.gradient_accumulation_steps,
+                                               [len(example["input_ids"]) for example in dataset], seed)
+
+    def evaluate(self, *args, **kwargs):
+        """Evaluation at an epoch's end draws from the global RNG (the dataloader's base seed).
+        Putting the RNG back makes it neutral, so a run resumed from a checkpoint saved just before
+        an evaluation draws the same dropout masks as the run that went on."""
+        cpu = torch.random.get_rng_state()
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            torch.random.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state_all(cuda)
 
 
 class Throughput(TrainerCallback):
@@ -170,18 +217,35 @@ class Throughput(TrainerCallback):
         self.seconds += time.perf_counter() - self.start
 
     def summary(self):
-        real = int(self.real_tokens)
-        seconds = max(self.seconds, 1e-9)
-        return {"samples_per_s": round(self.samples / seconds, 1), "tokens_per_s": round(real / seconds, 1),
-                "padding_fraction": round(1 - real / max(self.padded_tokens, 1), 4)}
+        """Rates over all processes of a multi-process run: their examples and tokens summed, over
+        the time of the slowest (the processes wait for each other at every optimizer step)."""
+        samples, padded, real = across_processes([self.samples, self.padded_tokens, int(self.real_tokens)], "sum")
+        (seconds,) = across_processes([max(self.seconds, 1e-9)], "max")
+        return {"samples_per_s": round(samples / seconds, 1), "tokens_per_s": round(real / seconds, 1),
+                "padding_fraction": round(1 - real / max(padded, 1), 4)}
+
+
+def across_processes(values, op):
+    """values reduced over the processes of a multi-process run ("sum", "max" or "min"); as they are in a
+    single process. Every process must call it, as with any collective operation."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return values
+    device = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"  # nccl reduces GPU tensors only
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    ops = {"sum": torch.distributed.ReduceOp.SUM, "max": torch.distributed.ReduceOp.MAX,
+           "min": torch.distributed.ReduceOp.MIN}
+    torch.distributed.all_reduce(tensor, op=ops[op])
+    return [v.item() for v in tensor]
 
 
 def peak_memory():
-    """Peak memory of this process: CPU resident set, and GPU memory allocated when there is a GPU."""
+    """Peak memory of this process: CPU resident set, and GPU memory allocated when there is a GPU.
+    In a multi-process run, the largest over the processes."""
     # ru_maxrss is in KiB on Linux
     peak = {"peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
     if torch.cuda.is_available():
         allocated = torch.cuda.max_memory_allocated()
         peak["peak_gpu_gb"] = round(allocated / 2**30, 3)
-        peak["peak_gpu_fraction"] = round(allocated / torch.cuda.get_device_properties(0).total_memory, 4)
-    return peak
+        peak["peak_gpu_fraction"] = round(allocated / torch.cuda.get_device_properties(
+            torch.cuda.current_device()).total_memory, 4)
+    return dict(zip(peak, across_processes(list(peak.values()), "max")))

@@ -1,0 +1,229 @@
+"""Interrupted training: the real `dvc repro` on the tiny pipeline is stopped (SIGTERM, and
+separately SIGKILL) after the train stage saved a checkpoint; the rerun resumes from it and ends
+with the weights and curves of a run that was never stopped. Plus the rules for which checkpoint
+is resumed (tested on folders) and the sampler that makes a resumed epoch replay its order."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from stages import checkpoint
+from stages.speed import EpochSeededLengthGroupedSampler
+from tests.test_experiments import init_pipeline_repo
+from tests.test_pipeline import dvc
+
+# 8 epochs of 9 optimizer steps (270 texts, 16 per micro-batch, 2 accumulated): long enough to
+# stop it in the middle, and a checkpoint every 5 steps, so most land inside an epoch.
+RESUME_PARAMS = dict(train__epochs=8, train__checkpoint_steps=5)
+STEPS_PER_EPOCH = 9
+TOTAL_STEPS = 8 * STEPS_PER_EPOCH
+WAIT_S = 120  # for a checkpoint to appear, or for a stopped `dvc repro` to end
+
+
+def tokenized_repo(root, data_dir, model_dir, **params):
+    """A committed pipeline repo (tests.test_experiments.init_pipeline_repo) after `dvc repro
+    tokenize`: copies of it train with no stage before train left to run."""
+    repo = init_pipeline_repo(root, data_dir, model_dir, **params)
+    dvc("repro", "tokenize", cwd=repo)
+    return repo
+
+
+def copy_repo(source, dest):
+    shutil.copytree(source, dest, symlinks=True)
+    return Path(dest)
+
+
+def stage_env():
+    """The environment tests.test_pipeline.run gives dvc: this interpreter's folder first on PATH."""
+    return dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+
+
+def complete_checkpoint(repo, min_step):
+    found = checkpoint.checkpoints(repo / checkpoint.FOLDER)
+    return any(step >= min_step and checkpoint.progress(path) for step, path in found.items())
+
+
+def train_process(dvc_process):
+    """The `python -m stages.train` process among the descendants of a running `dvc repro`."""
+    for child in psutil.Process(dvc_process.pid).children(recursive=True):
+        try:
+            if "stages.train" in " ".join(child.cmdline()):
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def interrupt_training(repo, signum):
+    """Run `dvc repro train`, send signum to the train stage's process once a complete checkpoint
+    of the second epoch or later exists, and return dvc's output (it must fail: the stage did not
+    finish). Not the first epoch: its order would be replayed right even by a sampler drawing from
+    the global RNG, since a resumed run reaches its start with the same RNG state."""
+    process = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "train"], cwd=repo, env=stage_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not complete_checkpoint(repo, STEPS_PER_EPOCH + 1):
+            assert process.poll() is None, f"dvc ended before a checkpoint:\n{process.communicate()[0]}"
+            assert time.monotonic() < deadline, f"no checkpoint in {repo / checkpoint.FOLDER} after {WAIT_S}s"
+            time.sleep(0.02)
+        target = train_process(process)
+        assert target is not None, "no stages.train process under dvc"
+        target.send_signal(signum)
+        output, _ = process.communicate(timeout=WAIT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode != 0, f"the stage finished before it was stopped:\n{output}"
+    return output
+
+
+def weights(repo):
+    return load_file(repo / "models/model/model.safetensors")
+
+
+def curve(repo, name):
+    """(step, value) rows of a dvclive curve in reports/train (columns: step, value)."""
+    lines = (repo / f"reports/train/plots/metrics/{name}.tsv").read_text().splitlines()[1:]
+    return [(int(step), float(value)) for step, value in (line.split("\t") for line in lines)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Stages run with one torch thread: on a shared 2-core machine two threads per process spin
+    against other processes' threads and train about 20x slower (measured: 57 vs 1093 texts/s).
+    Both runs a test compares use the same setting, as bit-for-bit CPU results need."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")
+        yield
+
+
+@pytest.fixture(scope="module")
+def repos(tmp_path_factory, tiny_data_dir, tiny_model_dir):
+    """(a tokenized pipeline repo, a copy of it trained without interruption)."""
+    root = tmp_path_factory.mktemp("resume")
+    base = tokenized_repo(root / "base", tiny_data_dir, tiny_model_dir, **RESUME_PARAMS)
+    reference = copy_repo(base, root / "reference")
+    dvc("repro", "train", cwd=reference)
+    return base, reference
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_stopped_run_resumes_and_ends_as_an_uninterrupted_one(repos, tmp_path, signum):
+    base, reference = repos
+    repo = copy_repo(base, tmp_path / "repo")
+    stopped = interrupt_training(repo, signum)
+    assert not (repo / "models/model").exists()
+    rerun = dvc("repro", "train", cwd=repo).stdout
+    resumed = re.search(r"resuming from checkpoints/train/checkpoint-(\d+): step (\d+) of (\d+)", rerun)
+    assert resumed, rerun
+    step, total = int(resumed[2]), int(resumed[3])
+    assert int(resumed[1]) == step and STEPS_PER_EPOCH < step < total == TOTAL_STEPS
+    assert "ignoring" not in rerun
+    if signum == signal.SIGTERM:  # caught: a checkpoint of the step it was in, then exit 128 + 15
+        assert "SIGTERM: saving a checkpoint after this step" in stopped, stopped
+        assert (f"stopped by SIGTERM at step {step} of {total}; saved a checkpoint in checkpoints/train: "
+                "rerun to resume from it") in stopped, stopped
+        assert "exited with 143" in stopped, stopped
+
+    expected, got = weights(reference), weights(repo)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.allclose(got[name], expected[name], rtol=0, atol=1e-6), name
+    for name in ("loss", "learning_rate", "eval/accuracy"):  # curves rebuilt up to the checkpoint, then continued
+        got, expected = curve(repo, name), curve(reference, name)
+        assert [s for s, _ in got] == [s for s, _ in expected], name
+        if name == "loss":  # the first loss logged after resuming averages only the steps since then
+            first_after = next(i for i, (s, _) in enumerate(got) if s > step)
+            del got[first_after], expected[first_after]
+        assert [v for _, v in got] == pytest.approx([v for _, v in expected], rel=1e-5, abs=1e-7), name
+    assert not (repo / checkpoint.FOLDER).exists(), "checkpoints are removed after a successful run"
+    assert not list(repo.glob("models/.model.*")), "a temp folder was left behind"
+
+
+def make_checkpoint(folder, step, total=10, complete=True):
+    path = folder / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    if complete:
+        (path / checkpoint.STATE).write_text(json.dumps({"global_step": step, "max_steps": total}))
+    return path
+
+
+FINGERPRINT = {"train.lr": 0.01, "train.epochs": 2, "model.name": "minilm", "processes": 1, "data sha256": "ab"}
+
+
+def test_a_checkpoint_of_other_settings_is_ignored_and_deleted(tmp_path, capsys):
+    folder = tmp_path / "checkpoints"
+    make_checkpoint(folder, 3)
+    (folder / checkpoint.FINGERPRINT).write_text(json.dumps(FINGERPRINT))
+    current = {**FINGERPRINT, "train.lr": 0.02}
+    assert checkpoint.prepare(current, folder) is None
+    assert capsys.readouterr().out == (f"ignoring {folder}/checkpoint-3: it was trained with other settings "
+                                       "(train.lr 0.01 -> 0.02); starting from step 0\n")
+    assert not checkpoint.checkpoints(folder)
+    assert json.loads((folder / checkpoint.FINGERPRINT).read_text()) == current
+
+
+def test_a_checkpoint_without_fingerprint_is_ignored(tmp_path, capsys):
+    folder = tmp_path / "checkpoints"
+    make_checkpoint(folder, 4)
+    assert checkpoint.prepare(FINGERPRINT, folder) is None
+    assert "there is no fingerprint.json saying what it was trained with" in capsys.readouterr().out
+    assert not checkpoint.checkpoints(folder)
+
+
+def test_the_newest_complete_checkpoint_of_the_same_settings_is_resumed(tmp_path, capsys):
+    folder = tmp_path / "checkpoints"
+    make_checkpoint(folder, 5)
+    make_checkpoint(folder, 10)
+    make_checkpoint(folder, 15, complete=False)  # a kill while it was being written
+    (folder / checkpoint.FINGERPRINT).write_text(json.dumps(FINGERPRINT))
+    assert checkpoint.prepare(dict(FINGERPRINT), folder) == folder / "checkpoint-10"
+    assert capsys.readouterr().out == f"resuming from {folder}/checkpoint-10: step 10 of 10\n"
+    assert sorted(checkpoint.checkpoints(folder)) == [5, 10]  # Trainer's save_total_limit prunes the rest
+
+
+def test_other_processes_only_read(tmp_path, capsys):
+    folder = tmp_path / "checkpoints"
+    make_checkpoint(folder, 3)
+    (folder / checkpoint.FINGERPRINT).write_text(json.dumps(FINGERPRINT))
+    assert checkpoint.prepare({**FINGERPRINT, "processes": 2}, folder, main_process=False) is None
+    assert capsys.readouterr().out == ""
+    assert (folder / "checkpoint-3").is_dir()
+    assert json.loads((folder / checkpoint.FINGERPRINT).read_text()) == FINGERPRINT
+
+
+def test_checkpoint_steps_is_not_part_of_the_fingerprint():
+    params = {"lr": 0.01, "checkpoint_steps": 5}
+
+    def fingerprint(**changes):
+        return checkpoint.fingerprint({**params, **changes}, "m", 1, 16, 2, "ab")
+
+    assert fingerprint() == fingerprint(checkpoint_steps=50)
+    assert fingerprint() != fingerprint(lr=0.02)
+
+
+def test_length_grouped_order_is_a_function_of_seed_and_epoch():
+    lengths = [(i * 7) % 23 + 1 for i in range(200)]
+
+    def order(seed, epoch):
+        sampler = EpochSeededLengthGroupedSampler(8, lengths, seed)
+        sampler.set_epoch(epoch)
+        return list(sampler)
+
+    assert order(1, 3) == order(1, 3)  # what a resumed run relies on
+    assert order(1, 3) != order(1, 4) and order(1, 3) != order(2, 3)
+    assert sorted(order(1, 3)) == list(range(200))
+    sampler = EpochSeededLengthGroupedSampler(8, lengths, 1)
+    assert list(sampler) == order(1, 0) and list(sampler) == order(1, 1)  # unset, the epoch counts passes
