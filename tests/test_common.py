@@ -70,3 +70,17 @@ def test_redact_masks_credentials_in_urls():
         "http://h/x.csv?token=***: the server answered 404"
     assert redact("https://drive.google.com/uc?id=1abc&export=download") == \
         "https://drive.google.com/uc?id=1abc&export=download"
+
+
+def test_model_params_warn_when_remote_code_is_trusted(tmp_path, monkeypatch, capsys):
+    from stages.common import model_params
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "model:\n  name: minilm\n  trust_remote_code: false\n")
+    assert model_params() == {"name": "minilm", "trust_remote_code": False}
+    assert capsys.readouterr().out == ""
+    write(tmp_path, "model:\n  name: org/custom\n  trust_remote_code: true\n")
+    assert model_params()["trust_remote_code"] is True
+    assert "warning: model.trust_remote_code is true: loading 'org/custom' may run Python code" in capsys.readouterr().out
+    write(tmp_path, "model:\n  name: minilm\n  trust_remote_code: yes please\n")
+    with pytest.raises(PipelineError, match="model.trust_remote_code must be true or false, not 'yes please'"):
+        model_params()
