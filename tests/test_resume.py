@@ -44,8 +44,12 @@ def copy_repo(source, dest):
 
 
 def stage_env():
-    """The environment tests.test_pipeline.run gives dvc: this interpreter's folder first on PATH."""
-    return dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    """The environment tests.test_pipeline.run gives dvc (this interpreter's folder first on PATH),
+    without SHELL: DVC then runs the stage through /bin/sh, which may stay as its parent (dash
+    does), the same on every machine whatever shell the test was started from."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env.pop("SHELL", None)
+    return env
 
 
 def complete_checkpoint(repo, min_step):
@@ -53,11 +57,18 @@ def complete_checkpoint(repo, min_step):
     return any(step >= min_step and checkpoint.progress(path) for step, path in found.items())
 
 
+def runs_train_module(argv):
+    """Whether argv is an interpreter running `-m stages.train`, not a shell whose one `-c` string
+    holds it: with SHELL unset (as in CI) DVC runs a stage through /bin/sh, and dash stays the
+    Python process's parent, so a signal sent to it would leave training running."""
+    return any(a == "-m" and b == "stages.train" for a, b in zip(argv, argv[1:]))
+
+
 def train_process(dvc_process):
     """The `python -m stages.train` process among the descendants of a running `dvc repro`."""
     for child in psutil.Process(dvc_process.pid).children(recursive=True):
         try:
-            if "stages.train" in " ".join(child.cmdline()):
+            if runs_train_module(child.cmdline()):
                 return child
         except psutil.NoSuchProcess:
             continue
@@ -117,6 +128,12 @@ def repos(tmp_path_factory, tiny_data_dir, tiny_model_dir):
     reference = copy_repo(base, root / "reference")
     dvc("repro", "train", cwd=reference)
     return base, reference
+
+
+def test_the_train_process_is_told_from_the_shell_that_starts_it():
+    assert runs_train_module([sys.executable, "-m", "stages.train"])
+    assert not runs_train_module(["/bin/sh", "-c", "python -m stages.train"])
+    assert not runs_train_module(["/bin/bash", "--noprofile", "--norc", "-c", "python -m stages.train"])
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
