@@ -322,7 +322,9 @@ def extract(archive, kind, dest, label):
                            or (m.islnk() and unsafe_entry(m.linkname)))
                     if why:
                         refuse(label, m.name, why)
-                t.extractall(dest, filter="data")  # the stdlib's own guard, as a second line
+                # the stdlib's own guard as a second line, where it exists (Python 3.10.12+, 3.11.4+):
+                # Debian 12's 3.11.2 has no filter argument, and the checks above stand alone there
+                t.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as e:
         raise PipelineError(f"{label}: not a readable {kind} archive ({shorten(e, 120)}); "
                             "download it again or repack it") from e
