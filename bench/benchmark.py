@@ -42,7 +42,7 @@ from transformers.trainer_callback import PrinterCallback
 
 from stages.common import load_params, pack_sequences, read_csv, resolve_model
 from stages.fetch import write_builtin
-from stages.preprocess import clean_frame
+from stages.preprocess import CLEANING_SWITCHES, clean_frame
 from stages.speed import CountingTrainer, Throughput, autocast_dtype, peak_memory, pick_batch_size
 from stages.tokenize import TOKENIZE_PARAMS, auto_max_length, model_limit, tokenize_texts
 from stages.train import TRAIN_PARAMS, TokenizedDataset, make_collator, training_arguments
@@ -60,8 +60,7 @@ def sync():
 
 def load_corpus(preprocess):
     """(train texts, train labels, test texts) of the embedded tweets, cleaned as preprocess cleans them."""
-    options = {k: preprocess[k] for k in ("lowercase", "unescape_html", "replace_urls",
-                                          "replace_mentions", "normalize_whitespace")}
+    options = {k: preprocess[k] for k in CLEANING_SWITCHES}
     with tempfile.TemporaryDirectory() as folder:
         raw = Path(folder) / "raw"  # write_builtin makes the folder itself
         write_builtin(raw)
@@ -379,9 +378,9 @@ def main():
     model_source = str(opts.tokenizer) if opts.tokenizer else resolve_model("minilm")
     tokenizer = AutoTokenizer.from_pretrained(model_source)
     train_texts, labels, test_texts = load_corpus(preprocess)
+    baseline_sequences, lengths = tokenize_texts(tokenizer, train_texts, BASELINE_MAX_LENGTH)
     max_length = tokenize["max_length"]
     if max_length == "auto":
-        _, lengths = tokenize_texts(tokenizer, train_texts, BASELINE_MAX_LENGTH)
         limit = model_limit(tokenizer, AutoConfig.from_pretrained(model_source))
         max_length = auto_max_length(lengths, tokenize["length_percentile"], limit)
     report_tokenization(tokenizer, train_texts + test_texts, max_length)
@@ -391,7 +390,6 @@ def main():
     sizes = [8192] if opts.gpu else [1024, 2048]
     measure_peak = functools.partial(matmul_peak, device, peak_dtype, sizes, seconds=0.5)
     sequences, _ = tokenize_texts(tokenizer, train_texts, max_length)
-    baseline_sequences, _ = tokenize_texts(tokenizer, train_texts, BASELINE_MAX_LENGTH)
     make_model = functools.partial(gpu_model, len(tokenizer)) if opts.gpu else cpu_model
     ours, baseline, run = bench_training(make_model, tokenizer, (sequences, baseline_sequences, labels), params,
                                          device, opts.steps, baseline_steps, warmup, measure_peak)

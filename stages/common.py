@@ -1,6 +1,8 @@
 """Small helpers the stages share: reading params and publishing outputs atomically."""
+import codecs
 import csv
 import importlib.util
+import io
 import json
 import os
 import re
@@ -113,9 +115,6 @@ def decode_csv_bytes(data, path):
     """Bytes of a CSV as text: UTF-8 (a BOM is dropped), UTF-16 when it starts with its BOM (Excel's
     "Unicode text"), else UTF-8 with each byte that is not UTF-8 read as cp1252, so a file that is
     mostly UTF-8 keeps its UTF-8 characters. Prints where the first such byte is."""
-    import codecs
-    import re
-
     if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         try:
             return data.decode("utf-16")
@@ -154,8 +153,6 @@ def sniff_header(text):
     """(delimiter, number of columns): the delimiter among CSV_DELIMITERS that splits the header
     into the most fields. Only the header is looked at: texts hold commas and semicolons,
     column names rarely do."""
-    import io
-
     def fields(delimiter):
         try:
             return len(next(csv.reader(io.StringIO(text), delimiter=delimiter), []))
@@ -171,8 +168,6 @@ def read_csv(path):
     The encoding (decode_csv_bytes) and the delimiter (sniff_header) are detected; a file that
     is empty or does not parse is a PipelineError naming the file.
     """
-    import io
-
     import pandas  # here, not at the top: most stages that import this module need no pandas
 
     data = Path(path).read_bytes()
@@ -192,8 +187,6 @@ def read_csv(path):
         df = pandas.read_csv(io.StringIO(text), sep=delimiter, dtype=str, keep_default_na=False,
                              skip_blank_lines=columns > 1)
     except pandas.errors.ParserError as e:
-        import re
-
         reason = str(e).strip().removeprefix("Error tokenizing data. C error: ")
         unclosed = re.fullmatch(r"EOF inside string starting at row (\d+)", reason)
         if unclosed:  # pandas counts rows from 0 at the header; messages here count from 1

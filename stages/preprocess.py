@@ -30,6 +30,8 @@ MENTION_RE = re.compile(r"(?<!\w)@\w+")
 WHITESPACE_RE = re.compile(r"\s+")
 NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # no nan, inf, 1_0
 SHOWN = 5  # rows or ids a message lists before "and N more"
+# the preprocess.* switches that clean_text takes as keyword arguments
+CLEANING_SWITCHES = ("lowercase", "unescape_html", "replace_urls", "replace_mentions", "normalize_whitespace")
 
 
 def clean_text(text, lowercase=False, unescape_html=True, replace_urls=True,
@@ -175,8 +177,7 @@ def report_merged(merged, labels, path):
 def main():
     params = load_params("preprocess")
     text_col, label_col, id_col = params["text_column"], params["label_column"], params["id_column"]
-    options = {k: params[k] for k in ("lowercase", "unescape_html", "replace_urls",
-                                      "replace_mentions", "normalize_whitespace")}
+    options = {k: params[k] for k in CLEANING_SWITCHES}
 
     train_path, test_path = TRAIN_CSV, TEST_CSV
     raw = read_csv(train_path)

@@ -101,7 +101,8 @@ def main():
     if not 0 < percentile <= 100:
         raise PipelineError(f"tokenize.length_percentile must be above 0 and at most 100, not {percentile}")
     label_list = json.loads((PROCESSED / "labels.json").read_text(encoding="utf-8"))
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(model_name), trust_remote_code=remote_code)
+    model_source = resolve_model(model_name)  # once: for a hub id it asks the hub
+    tokenizer = AutoTokenizer.from_pretrained(model_source, trust_remote_code=remote_code)
     if not tokenizer.is_fast:
         raise PipelineError(f"model.name {model_name!r} has no fast tokenizer; pick a model that has one")
 
@@ -110,8 +111,7 @@ def main():
     full = {s: encode(tokenizer, t, verbose=False) for s, t in texts.items()}
     lengths = {s: [len(ids) for ids in seqs] for s, seqs in full.items()}
     if max_length == "auto":
-        limit = model_limit(tokenizer, AutoConfig.from_pretrained(resolve_model(model_name),
-                                                                 trust_remote_code=remote_code))
+        limit = model_limit(tokenizer, AutoConfig.from_pretrained(model_source, trust_remote_code=remote_code))
         max_length = auto_max_length(lengths["train"], percentile, limit)
         print(f"max_length auto: {max_length} (p{percentile} of the train texts' token lengths, "
               f"rounded up to a multiple of 8, at most the model's {limit})")

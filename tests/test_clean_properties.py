@@ -7,10 +7,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from stages.preprocess import clean_text
+from stages.preprocess import CLEANING_SWITCHES, clean_text
 
-SWITCHES = ("lowercase", "unescape_html", "replace_urls", "replace_mentions", "normalize_whitespace")
-COMBINATIONS = [dict(zip(SWITCHES, values)) for values in itertools.product([False, True], repeat=5)]
+COMBINATIONS = [dict(zip(CLEANING_SWITCHES, values))
+                for values in itertools.product([False, True], repeat=len(CLEANING_SWITCHES))]
 
 
 def any_case(word):

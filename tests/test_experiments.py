@@ -5,7 +5,6 @@ import csv
 import io
 import json
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -13,39 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_pipeline import REPO, dvc, run, set_params
+from tests.test_pipeline import REPO, dvc, init_pipeline_repo, run
 
-# Small enough for CI, large enough that both curves have points (2 evaluations per run).
-TINY_PARAMS = dict(preprocess__id_column="id", train__epochs=2, train__batch_size=16,
-                   train__lr=3e-3, evaluate__batch_size=32)
-PROJECT_FILES = ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore")
 QUEUE_TIMEOUT = 900  # seconds for both queued runs (each runs all five stages)
 LEARNING_RATES = {"lr-small": 1e-3, "lr-large": 5e-3}
 # the README's `dvc exp show --drop '.*' --keep ...`: the columns worth comparing
 SHOW_COLUMNS = r"Experiment|train\.lr|train\.epochs|val\.accuracy|val\.f1_macro|test\.f1_macro"
-
-
-def init_pipeline_repo(repo, data_dir, model_dir, **params):
-    """A git + DVC repo at repo holding this project's pipeline, pointed at the tiny data and
-    model, committed and not yet run. Local git identity, so `dvc exp` can commit in CI."""
-    repo = Path(repo)
-    repo.mkdir(parents=True, exist_ok=True)
-    for name in PROJECT_FILES:
-        shutil.copy(REPO / name, repo / name)
-    shutil.copytree(REPO / "stages", repo / "stages", ignore=shutil.ignore_patterns("__pycache__"))
-    set_params(repo, fetch__source=str(data_dir), model__name=str(model_dir), **{**TINY_PARAMS, **params})
-    run(["git", "init", "-q", "-b", "main"], repo)
-    run(["git", "config", "user.name", "pipeline-test"], repo)
-    run(["git", "config", "user.email", "pipeline-test@localhost"], repo)
-    dvc("init", "-q", cwd=repo)
-    dvc("config", "core.analytics", "false", cwd=repo)
-    commit_all(repo, "pipeline")
-    return repo
-
-
-def commit_all(repo, message):
-    run(["git", "add", "-A"], repo)
-    run(["git", "commit", "-qm", message], repo)
 
 
 def clone(source, dest):

@@ -14,12 +14,19 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = {"fetch", "preprocess", "tokenize", "train", "evaluate"}
+# Small enough for CI; two epochs, so the curves of an experiment have points (2 evaluations per run).
+TINY_PARAMS = dict(preprocess__id_column="id", train__epochs=2, train__batch_size=16,
+                   train__lr=3e-3, evaluate__batch_size=32)
+PROJECT_FILES = ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore")
+
+
+def stage_env():
+    """The environment for dvc: `python` in dvc.yaml must be this interpreter, so its folder comes first on PATH."""
+    return dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
 
 
 def run(cmd, cwd, check=True):
-    # `python` in dvc.yaml must be this interpreter: put its folder first on PATH
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(cmd, cwd=cwd, env=stage_env(), capture_output=True, text=True, timeout=900)
     if check and result.returncode != 0:
         raise AssertionError(f"{cmd} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
@@ -45,21 +52,35 @@ def set_params(cwd, **changes):
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
+def init_pipeline_repo(repo, data_dir, model_dir, **params):
+    """A git + DVC repo at repo holding this project's pipeline, pointed at the tiny data and
+    model, committed and not yet run. Local git identity, so `dvc exp` can commit in CI."""
+    repo = Path(repo)
+    repo.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_FILES:
+        shutil.copy(REPO / name, repo / name)
+    shutil.copytree(REPO / "stages", repo / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+    set_params(repo, fetch__source=str(data_dir), model__name=str(model_dir), **{**TINY_PARAMS, **params})
+    run(["git", "init", "-q", "-b", "main"], repo)
+    run(["git", "config", "user.name", "pipeline-test"], repo)
+    run(["git", "config", "user.email", "pipeline-test@localhost"], repo)
+    dvc("init", "-q", cwd=repo)
+    dvc("config", "core.analytics", "false", cwd=repo)
+    commit_all(repo, "pipeline")
+    return repo
+
+
+def commit_all(repo, message):
+    run(["git", "add", "-A"], repo)
+    run(["git", "commit", "-qm", message], repo)
+
+
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory, tiny_data_dir, tiny_model_dir):
     """A git + DVC repo holding this project's pipeline, pointed at the tiny data and model,
     after one full `dvc repro`. Yields (path, stages the first repro ran)."""
-    repo = tmp_path_factory.mktemp("pipeline")
-    for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):
-        shutil.copy(REPO / name, repo / name)
-    shutil.copytree(REPO / "stages", repo / "stages", ignore=shutil.ignore_patterns("__pycache__"))
-    set_params(repo, fetch__source=str(tiny_data_dir), preprocess__id_column="id",
-               model__name=str(tiny_model_dir), train__epochs=10, train__batch_size=16,
-               train__effective_batch_size=16, train__lr=3e-3, evaluate__batch_size=32)
-    run(["git", "init", "-q"], repo)
-    dvc("init", "-q", cwd=repo)
-    run(["git", "add", "-A"], repo)
-    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"], repo)
+    repo = init_pipeline_repo(tmp_path_factory.mktemp("pipeline"), tiny_data_dir, tiny_model_dir,
+                              train__epochs=10, train__effective_batch_size=16)
     yield repo, repro(repo)
 
 

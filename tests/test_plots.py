@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from tests.servers import require_module
-from tests.test_experiments import declared_plots, init_pipeline_repo
-from tests.test_pipeline import REPO, dvc, repro
+from tests.test_experiments import declared_plots
+from tests.test_pipeline import REPO, dvc, init_pipeline_repo, repro
 
 ARTIFACTS = REPO / "test-artifacts"
 VEGA_LITE = "5.21"  # DVC's templates are Vega-Lite v5 specs; the newest v5 vl-convert ships

@@ -18,11 +18,11 @@ import pytest
 import yaml
 
 from tests.servers import s3_server, ssh_server
-from tests.test_experiments import clone, commit_all, declared_outputs, init_pipeline_repo
-from tests.test_pipeline import dvc, run, set_params
+from tests.test_experiments import clone, declared_outputs
+from tests.test_pipeline import commit_all, dvc, init_pipeline_repo, run, set_params
 
 EXP = "lr-exp"
-EXP_LR = 1e-3  # differs from the baseline's train.lr (test_experiments.TINY_PARAMS)
+EXP_LR = 1e-3  # differs from the baseline's train.lr (test_pipeline.TINY_PARAMS)
 S3_BUCKET = "dvc-remote"
 KINDS = ("folder", "ssh", "s3")
 

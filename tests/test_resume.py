@@ -3,7 +3,6 @@ separately SIGKILL) after the train stage saved a checkpoint; the rerun resumes 
 with the weights and curves of a run that was never stopped. Plus the rules for which checkpoint
 is resumed (tested on folders) and the sampler that makes a resumed epoch replay its order."""
 import json
-import os
 import re
 import shutil
 import signal
@@ -19,8 +18,7 @@ from safetensors.torch import load_file
 
 from stages import checkpoint
 from stages.speed import EpochSeededLengthGroupedSampler
-from tests.test_experiments import init_pipeline_repo
-from tests.test_pipeline import dvc
+from tests.test_pipeline import dvc, init_pipeline_repo, stage_env
 
 # 8 epochs of 9 optimizer steps (270 texts, 16 per micro-batch, 2 accumulated): long enough to
 # stop it in the middle, and a checkpoint every 5 steps, so most land inside an epoch.
@@ -43,11 +41,11 @@ def copy_repo(source, dest):
     return Path(dest)
 
 
-def stage_env():
-    """The environment tests.test_pipeline.run gives dvc (this interpreter's folder first on PATH),
-    without SHELL: DVC then runs the stage through /bin/sh, which may stay as its parent (dash
-    does), the same on every machine whatever shell the test was started from."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+def shell_less_env():
+    """tests.test_pipeline's environment for dvc without SHELL: DVC then runs the stage through
+    /bin/sh, which may stay as its parent (dash does), the same on every machine whatever shell
+    the test was started from."""
+    env = stage_env()
     env.pop("SHELL", None)
     return env
 
@@ -80,7 +78,7 @@ def interrupt_training(repo, signum):
     of the second epoch or later exists, and return dvc's output (it must fail: the stage did not
     finish). Not the first epoch: its order would be replayed right even by a sampler drawing from
     the global RNG, since a resumed run reaches its start with the same RNG state."""
-    process = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "train"], cwd=repo, env=stage_env(),
+    process = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "train"], cwd=repo, env=shell_less_env(),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + WAIT_S
