@@ -162,22 +162,23 @@ def sniff_header(text):
     return delimiter, fields(delimiter)
 
 
-def read_csv(path):
+def read_csv(path, name=None):
     """Read a CSV with every column as a string, so labels such as "NA" or "None" stay labels, not NaN.
 
     The encoding (decode_csv_bytes) and the delimiter (sniff_header) are detected; a file that
-    is empty or does not parse is a PipelineError naming the file.
+    is empty or does not parse is a PipelineError naming the file (as `name`, default its path).
     """
     import pandas  # here, not at the top: most stages that import this module need no pandas
 
+    name = name or path
     data = Path(path).read_bytes()
-    text = decode_csv_bytes(data, path)
+    text = decode_csv_bytes(data, name)
     if not text.strip():
-        raise PipelineError(f"{path}: the file is empty ({len(data)} bytes): expected a header "
+        raise PipelineError(f"{name}: the file is empty ({len(data)} bytes): expected a header "
                             "line naming the columns, then one row per example")
     delimiter, columns = sniff_header(text)
     if delimiter != ",":
-        print(f"{path}: columns are separated by {delimiter!r}, not commas")
+        print(f"{name}: columns are separated by {delimiter!r}, not commas")
     if columns == 1:
         # with one column a line of spaces is a text, which pandas would skip as a blank line
         # (and the rows after it would shift); blank lines at the very end are not rows
@@ -191,12 +192,12 @@ def read_csv(path):
         unclosed = re.fullmatch(r"EOF inside string starting at row (\d+)", reason)
         if unclosed:  # pandas counts rows from 0 at the header; messages here count from 1
             reason = f"the double quote opened in row {int(unclosed[1]) + 1} is never closed"
-        raise PipelineError(f"{path}: not a valid CSV ({reason}); a text holding the delimiter "
+        raise PipelineError(f"{name}: not a valid CSV ({reason}); a text holding the delimiter "
                             f"{delimiter!r} or a newline must be in double quotes") from None
     if not isinstance(df.index, pandas.RangeIndex):
         # pandas' rule: when the first row has more fields than the header, the extra one
         # becomes the index; here that always means a text with an unquoted delimiter
-        raise PipelineError(f"{path}: line 2 has more fields than the header "
+        raise PipelineError(f"{name}: line 2 has more fields than the header "
                             f"({len(df.columns)}: {', '.join(map(repr, df.columns))}); a text "
                             f"holding the delimiter {delimiter!r} must be in double quotes")
     df.columns = [str(c).strip() for c in df.columns]  # "text, label" names the column "label"

@@ -27,7 +27,7 @@ import pandas as pd
 import requests
 from gdown.exceptions import DownloadError, FileURLRetrievalError
 
-from stages.common import PipelineError, atomic_dir, load_params, redact, run_main, write_csv
+from stages.common import PipelineError, atomic_dir, load_params, read_csv, redact, run_main, write_csv
 
 OUT = Path("data/raw")
 BUILTIN = "tweets"
@@ -424,7 +424,8 @@ def page_error(head, what, expected):
 
 
 def check_csv(path, what, columns):
-    """Check a file is a CSV with the columns; bytes are published as they are, so only read."""
+    """Check a file is a CSV with the columns, read as preprocess reads it (encoding and
+    delimiter detected); bytes are published as they are, so only read."""
     with open(path, "rb") as f:
         head = f.read(4096)
     kind = sniff(head)
@@ -433,14 +434,7 @@ def check_csv(path, what, columns):
     if kind != "text":
         raise PipelineError(f"{what}: not a CSV (it is a {kind} file); "
                             "fetch takes .csv files and .zip/.tar.gz/.tgz archives")
-    encoding = "utf-16" if head.startswith((b"\xff\xfe", b"\xfe\xff")) else "utf-8-sig"
-    try:  # replace undecodable bytes: encodings are preprocess's job, columns are ASCII here
-        df = pd.read_csv(path, dtype=str, encoding=encoding, encoding_errors="replace",
-                         compression=None)
-    except pd.errors.EmptyDataError:
-        raise PipelineError(f"{what}: the file is empty") from None
-    except (pd.errors.ParserError, ValueError) as e:
-        raise PipelineError(f"{what}: does not parse as CSV ({shorten(e, 120)})") from None
+    df = read_csv(path, what)
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise PipelineError(f"{what}: no column {' or '.join(map(repr, missing))} (columns: "

@@ -155,7 +155,8 @@ def test_check_csv(tmp_path):
     for data, message in [(b"", "the file is empty"), (b"text,sentiment\n", "has a header but no rows"),
                           (b"<!doctype html><title>Oops</title>", "got an HTML page \\('Oops'\\)"),
                           (b"PK\x03\x04zzz", "not a CSV \\(it is a zip file\\)"),
-                          (b'text,sentiment\n"unclosed,x\n', "does not parse as CSV")]:
+                          (b'text,sentiment\n"unclosed,x\n',
+                           "t.csv: not a valid CSV \\(the double quote opened in row 2 is never closed\\)")]:
         f.write_bytes(data)
         with pytest.raises(PipelineError, match=message):
             fetch.check_csv(f, "t.csv", ["text"])
@@ -195,6 +196,17 @@ def test_local_csv_is_copied_byte_for_byte(tmp_path, monkeypatch):
     assert Path("data/raw/train.csv").read_bytes() == raw
     assert sorted(p.name for p in Path("data/raw").iterdir()) == ["train.csv"]
     assert Path("mine.csv").read_bytes() == raw  # the input is untouched
+
+
+@pytest.mark.parametrize("delimiter", [";", "\t"])
+def test_a_csv_is_checked_as_preprocess_reads_it(tmp_path, monkeypatch, capsys, delimiter):
+    # preprocess detects the delimiter, so fetch must not refuse what preprocess would read
+    monkeypatch.chdir(tmp_path)
+    raw = TRAIN.replace(b",", delimiter.encode())
+    Path("mine.csv").write_bytes(raw)
+    assert fetch.fetch_source("mine.csv", Path("data/raw"), NET, test_file=None) == ["train"]
+    assert Path("data/raw/train.csv").read_bytes() == raw
+    assert f"mine.csv: columns are separated by {delimiter!r}, not commas" in capsys.readouterr().out
 
 
 def test_local_folder_one_level_down(tmp_path):
