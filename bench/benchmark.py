@@ -42,7 +42,7 @@ from transformers.trainer_callback import PrinterCallback
 
 from stages.common import load_params, pack_sequences, read_csv, resolve_model
 from stages.fetch import write_builtin
-from stages.preprocess import CLEANING_SWITCHES, clean_frame
+from stages.preprocess import CLEANING_SWITCHES, PREPROCESS_PARAMS, clean_frame
 from stages.speed import CountingTrainer, Throughput, autocast_dtype, peak_memory, pick_batch_size
 from stages.tokenize import TOKENIZE_PARAMS, auto_max_length, model_limit, tokenize_texts
 from stages.train import TRAIN_PARAMS, TokenizedDataset, make_collator, training_arguments
@@ -364,7 +364,7 @@ def main():
         torch.set_num_threads(opts.threads)
     device = "cuda" if opts.gpu else "cpu"
     os.chdir(REPO)  # params.yaml is read from the repository root
-    preprocess = load_params("preprocess")
+    preprocess = load_params("preprocess", PREPROCESS_PARAMS)
     tokenize = load_params("tokenize", TOKENIZE_PARAMS)
     params = load_params("train", TRAIN_PARAMS)
     if opts.effective_batch_size or opts.gpu:

@@ -32,6 +32,10 @@ NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 SHOWN = 5  # rows or ids a message lists before "and N more"
 # the preprocess.* switches that clean_text takes as keyword arguments
 CLEANING_SWITCHES = ("lowercase", "unescape_html", "replace_urls", "replace_mentions", "normalize_whitespace")
+# what each preprocess.* key accepts; load_params turns anything else into a one-line error
+PREPROCESS_PARAMS = {"text_column": (str,), "label_column": (str,), "id_column": (str, None),
+                     **{switch: (bool,) for switch in CLEANING_SWITCHES},
+                     "drop_duplicates": (bool,), "val_size": (float,), "seed": (int,)}
 
 
 def clean_text(text, lowercase=False, unescape_html=True, replace_urls=True,
@@ -175,7 +179,7 @@ def report_merged(merged, labels, path):
 
 
 def main():
-    params = load_params("preprocess")
+    params = load_params("preprocess", PREPROCESS_PARAMS)
     text_col, label_col, id_col = params["text_column"], params["label_column"], params["id_column"]
     options = {k: params[k] for k in CLEANING_SWITCHES}
 

@@ -169,6 +169,22 @@ def test_quoted_newlines_commas_and_quotes_round_trip(work):
     assert frames["test"]["text"].tolist() == tricky * 2
 
 
+# ---- params ------------------------------------------------------------------------------
+
+def test_misspelled_preprocess_key(work):
+    set_params(work, lowercse=True)
+    write_raw(work, train=HEADER + GOOD_ROWS)
+    fails_with(work, "params.yaml: unknown key preprocess.lowercse; preprocess takes text_column, label_column, "
+                     "id_column, lowercase, unescape_html, replace_urls, replace_mentions, normalize_whitespace, "
+                     "drop_duplicates, val_size, seed")
+
+
+def test_mistyped_preprocess_value(work):
+    set_params(work, val_size="ten percent")
+    write_raw(work, train=HEADER + GOOD_ROWS)
+    fails_with(work, "params.yaml: preprocess.val_size must be a number, not 'ten percent'")
+
+
 # ---- columns -----------------------------------------------------------------------------
 
 def test_missing_text_column(work):
