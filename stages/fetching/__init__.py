@@ -1,0 +1,1 @@
+"""The fetch stage's parts: sources, downloads, failures, archives, checks, the builtin corpus."""
