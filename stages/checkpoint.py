@@ -1,7 +1,7 @@
 """Checkpoints of the train stage: resuming an interrupted run, and saving one on Ctrl-C or SIGTERM.
 
 Trainer saves a checkpoint (weights, optimizer, scheduler, RNG states, step) every
-train.checkpoint_steps optimizer steps into checkpoints/train/checkpoint-<step>, keeping the newest.
+train.checkpoint_steps optimizer steps into checkpoints/fold-<k>/checkpoint-<step>, keeping the newest.
 Beside it, fingerprint.json records what the run trains with (train params, model.name, world size,
 a digest of the input files): a rerun resumes from a checkpoint only when its fingerprint is the same.
 The folder is not a DVC output: a `persist: true` output turns off DVC's run cache for the stage,
@@ -19,7 +19,6 @@ from transformers import TrainerCallback
 
 from stages.common import write_json
 
-FOLDER = Path("checkpoints/train")
 FINGERPRINT = "fingerprint.json"
 STATE = "trainer_state.json"  # Trainer writes it last: a checkpoint without it is incomplete
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -88,8 +87,8 @@ def choose_resume(saved, current, complete):
     return complete, None
 
 
-def prepare(current, folder=FOLDER, main_process=True):
-    """Decide whether this run resumes, and make checkpoints/train ready: returns the checkpoint
+def prepare(current, folder, main_process=True):
+    """Decide whether this run resumes, and make the fold's checkpoint folder ready: returns the checkpoint
     to resume from, or None. Prints one line for a checkpoint resumed or ignored.
 
     Every process of a multi-process run calls it and reaches the same answer; only the main one
@@ -118,7 +117,7 @@ def prepare(current, folder=FOLDER, main_process=True):
     return resume
 
 
-def remove(folder=FOLDER):
+def remove(folder):
     """After a successful run: the checkpoints are of no further use."""
     shutil.rmtree(folder, ignore_errors=True)
 

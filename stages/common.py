@@ -4,12 +4,15 @@ import csv
 import importlib.util
 import io
 import json
+import math
 import os
 import re
 import shutil
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -22,15 +25,38 @@ class PipelineError(Exception):
 
 
 KIND_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false",
-              dict: "a mapping", None: "null"}
+              dict: "a mapping", list: "a list", None: "null"}
+
+
+@dataclass(frozen=True)
+class Range:
+    """The numbers a setting allows, for load_params: e.g. Range(0, 1, low_open=True, high_open=True)
+    is above 0 and below 1; Range(1) is at least 1."""
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, x):
+        return ((x > self.low if self.low_open else x >= self.low)
+                and (x < self.high if self.high_open else x <= self.high))
+
+    def __str__(self):
+        low = f"{'above' if self.low_open else 'at least'} {self.low:g}" if self.low > -math.inf else ""
+        high = f"{'below' if self.high_open else 'at most'} {self.high:g}" if self.high < math.inf else ""
+        return " and ".join(filter(None, [low, high]))
+
+
+SEEDS = Range(0, 2**32 - 1)  # what numpy and scikit-learn take as a seed
 
 
 def load_params(section, expected=None, path=PARAMS_FILE):
     """Return one section of params.yaml as a dict, checked against `expected` when given.
 
-    `expected` maps each key to the kinds it accepts, e.g. {"epochs": (int,), "batch_size":
-    (int, "auto"), "test_file": (str, None)}: a type, None, or a literal string. An unknown,
-    missing or mistyped key is a one-line error naming it and what was expected.
+    `expected` maps each key to the kinds it accepts, e.g. {"epochs": (float, Range(0, low_open=True)),
+    "batch_size": (int, "auto", Range(1)), "test_file": (str, None)}: a type, None, a literal
+    string, and for numbers a Range. An unknown, missing, mistyped or out-of-range key is a
+    one-line error naming it and what was expected.
     """
     with open(path, encoding="utf-8") as f:
         params = yaml.safe_load(f) or {}
@@ -51,26 +77,35 @@ def load_params(section, expected=None, path=PARAMS_FILE):
 
 
 def describe(kinds):
-    return " or ".join(repr(k) if isinstance(k, str) else KIND_NAMES[k] for k in kinds)
+    """What a params spec allows, in words: "a whole number at least 1 or 'auto'"."""
+    limits = " ".join(str(k) for k in kinds if isinstance(k, Range))
+    return " or ".join(repr(k) if isinstance(k, str) else KIND_NAMES[k] + (f" {limits}" if limits and k in (int, float) else "")
+                       for k in kinds if not isinstance(k, Range))
 
 
 def check_kind(value, kinds, name):
-    """`value` if it is one of `kinds`; numbers written as strings (YAML reads `1e-4` as a
-    string) become floats where a number is expected."""
+    """`value` if it is one of `kinds` (and inside their Range, if a number); numbers written as
+    strings (YAML reads `1e-4` as a string) become floats where a number is expected."""
     is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    allowed = next((k for k in kinds if isinstance(k, Range)), Range())
     for kind in kinds:
         if (kind is None and value is None) or (isinstance(kind, str) and value == kind):
             return value
+        number = None
         if kind is int and is_number and float(value).is_integer():
-            return int(value)
-        if kind is float and is_number:
-            return float(value)
-        if kind is float and isinstance(value, str):
+            number = int(value)
+        elif kind is float and is_number:
+            number = float(value)
+        elif kind is float and isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        if kind in (str, bool, dict) and isinstance(value, kind):
+        if number is not None:
+            if math.isfinite(number) and number in allowed:
+                return number
+            break  # a number out of range: say what the range is
+        if kind in (str, bool, dict, list) and isinstance(value, kind):
             return value
     raise PipelineError(f"{name} must be {describe(kinds)}, not {value!r}")
 
@@ -222,17 +257,65 @@ def redact(text):
     return SECRET_QUERY_RE.sub(lambda m: f"{m[1]}=***", text)
 
 
+def stage_name(argv):
+    """The stage a command line runs, as dvc.yaml names it: `python -m stages.train --fold 2` is train@2."""
+    name = Path(argv[0]).stem
+    if "--fold" in argv[1:-1]:
+        name += "@" + argv[argv.index("--fold") + 1]
+    return name
+
+
+def size_of(path):
+    """'3 files, 4.2 MB' for a folder, '1.3 kB' for a file."""
+    path = Path(path)
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+    total = sum(p.stat().st_size for p in files)
+    size = next(f"{total / 10**e:.1f} {unit}" for e, unit in ((9, "GB"), (6, "MB"), (3, "kB"), (0, "bytes"))
+                if total >= 10**e or e == 0)
+    return f"{len(files)} file{'s' * (len(files) != 1)}, {size}" if path.is_dir() else size
+
+
+def interactive():
+    """Whether a person watches this process in a terminal (both output streams are one). Progress
+    bars redraw one line with carriage returns: in a log file (`dvc queue logs`, `dvc repro > log`,
+    CI) each would become one endless line, so stages print plain lines there instead."""
+    return sys.stdout.isatty() and sys.stderr.isatty()
+
+
+def seconds_since_start():
+    """Wall time since this process started, imports included (Linux: from /proc), else since
+    this module was imported."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - IMPORTED
+
+
+IMPORTED = time.perf_counter()
+
+
 def run_main(main):
-    """Run a stage's main(); a PipelineError becomes one line on stderr and exit code 1."""
+    """Run a stage's main(); a PipelineError becomes one line on stderr and exit code 1. When main
+    returns the paths it wrote, a last line says what they hold and how long the stage took."""
+    name = stage_name(sys.argv)
     log = os.environ.get("PIPELINE_STAGE_LOG")
     if log:  # tests set this to see which stage commands really executed
         with open(log, "a", encoding="utf-8") as f:
-            f.write(Path(sys.argv[0]).stem + "\n")
+            f.write(name + "\n")
     try:
-        main()
+        written = main()
     except PipelineError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(1)
+    except FileNotFoundError as e:  # an input of an earlier stage: this one was run on its own
+        print(f"error: {e.filename} does not exist: run the stages before {name} first (`dvc repro {name}` "
+              "runs them)", file=sys.stderr)
+        sys.exit(1)
+    if written:
+        outputs = "; ".join(f"{path} ({size_of(path)})" for path in written)
+        print(f"{name}: wrote {outputs} in {seconds_since_start():.1f} s", flush=True)
 
 
 # The embedded default model: all-MiniLM-L6-v2 as plain files inside a PyPI package.

@@ -1,47 +1,32 @@
-"""evaluate: score the trained model on val (and test, when it has labels); write the submission.
+"""evaluate: combine the folds' predictions into scores and a submission.
 
-Reads models/model, data/tokenized/ and data/processed/test.csv (for the ids); writes
-reports/evaluate/metrics.json (accuracy, macro-F1, per-class precision/recall/F1),
-reports/evaluate/confusion_<split>.csv (DVC confusion-matrix plots) and submission/submission.csv.
+Reads data/processed/ (the true labels, the test ids), data/split/folds.csv and each fold's
+predictions/fold-K/{oof,test}.csv; loads no model, so it takes seconds. Writes
+reports/evaluate/metrics.json, reports/evaluate/confusion_val.csv (a DVC confusion-matrix plot)
+and submission/{submission.csv,probabilities.csv}.
+
+- One fold (cv.folds [0]): `val`, the scores on the holdout rows, and `test` when the test file
+  has labels: today's single model.
+- K folds: `oof`, the scores of the out-of-fold predictions over every training row (each row
+  predicted by the one model that did not train on it); `cv`, each fold's scores with their mean
+  and standard deviation; `test`, the scores of the ensemble: the mean of the K models' class
+  probabilities.
+The submission takes the class of highest (mean) probability; probabilities.csv keeps them all,
+one column per class, for blending with other models.
 """
+import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
-import torch
-from safetensors.torch import load_file
 from sklearn.metrics import accuracy_score, f1_score, precision_recall_fscore_support
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
-from stages.common import (atomic_dir, load_params, model_params, read_csv, run_main,
-                           unpack_sequences, write_csv, write_json)
+from stages import folds
+from stages.common import PipelineError, atomic_dir, read_csv, run_main, write_csv, write_json
 
-MODEL = Path("models/model")
-TOKENIZED = Path("data/tokenized")
-TEST_CSV = Path("data/processed/test.csv")
+PROCESSED = Path("data/processed")
 REPORTS = Path("reports/evaluate")
 SUBMISSION = Path("submission")
-# what each evaluate.* key accepts; load_params turns anything else into a one-line error
-EVALUATE_PARAMS = {"batch_size": (int,)}
-
-
-@torch.inference_mode()
-def predict_logits(model, collator, sequences, batch_size, device):
-    """Logits (n, num_labels) in input order. Batches hold texts of similar length (sorted by
-    length), so padding each batch to its own longest text wastes little."""
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
-    logits = torch.empty(len(sequences), model.config.num_labels)
-    for start in range(0, len(order), batch_size):
-        batch_index = order[start:start + batch_size]
-        batch = collator([{"input_ids": sequences[i]} for i in batch_index]).to(device)
-        logits[batch_index] = model(**batch).logits.float().cpu()
-    return logits
-
-
-def predict_split(model, collator, split, batch_size, device):
-    """(true label ids, predicted label ids) for one tokenized split."""
-    sequences, y_true = unpack_sequences(load_file(TOKENIZED / f"{split}.safetensors"))
-    logits = predict_logits(model, collator, sequences, batch_size, device)
-    return y_true, logits.argmax(-1).tolist()
 
 
 def classification_metrics(y_true, y_pred, labels):
@@ -50,37 +35,90 @@ def classification_metrics(y_true, y_pred, labels):
     precision, recall, f1, support = precision_recall_fscore_support(
         y_true, y_pred, labels=ids, zero_division=0)
     return {
-        "accuracy": round(accuracy_score(y_true, y_pred), 4),
-        "f1_macro": round(f1_score(y_true, y_pred, labels=ids, average="macro", zero_division=0), 4),
-        "per_class": {labels[i]: {"precision": round(precision[i], 4), "recall": round(recall[i], 4),
-                                  "f1": round(f1[i], 4), "support": int(support[i])} for i in ids},
+        "accuracy": round(float(accuracy_score(y_true, y_pred)), 4),
+        "f1_macro": round(float(f1_score(y_true, y_pred, labels=ids, average="macro", zero_division=0)), 4),
+        "per_class": {labels[i]: {"precision": round(float(precision[i]), 4), "recall": round(float(recall[i]), 4),
+                                  "f1": round(float(f1[i]), 4), "support": int(support[i])} for i in ids},
     }
 
 
-def main():
-    batch_size = load_params("evaluate", EVALUATE_PARAMS)["batch_size"]
-    remote_code = model_params()["trust_remote_code"]
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForSequenceClassification.from_pretrained(
-        MODEL, trust_remote_code=remote_code).to(device).eval()
-    # on GPU, pad each batch to a multiple of 8 (the tensor cores' tile); the CPU gains nothing from it
-    collator = DataCollatorWithPadding(AutoTokenizer.from_pretrained(MODEL, trust_remote_code=remote_code),
-                                       return_tensors="pt",
-                                       pad_to_multiple_of=8 if device == "cuda" else None)
-    labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+def spread(per_fold):
+    """Each fold's accuracy and macro-F1, with their mean and sample standard deviation over folds."""
+    summary = {}
+    for name in ("f1_macro", "accuracy"):
+        values = np.array([scores[name] for scores in per_fold])
+        summary[f"{name}_mean"] = round(float(values.mean()), 4)
+        summary[f"{name}_std"] = round(float(values.std(ddof=1)), 4)
+    summary["per_fold"] = {str(k): {"accuracy": s["accuracy"], "f1_macro": s["f1_macro"]} for k, s in enumerate(per_fold)}
+    return summary
 
-    y_true, y_pred = predict_split(model, collator, "val", batch_size, device)
-    metrics = {"val": classification_metrics(y_true, y_pred, labels)}
-    confusion = pd.DataFrame({"actual": [labels[y] for y in y_true],
-                              "predicted": [labels[p] for p in y_pred]})
-    submission = None
-    if (TOKENIZED / "test.safetensors").exists():
-        y_true, y_pred = predict_split(model, collator, "test", batch_size, device)
-        submission = pd.DataFrame({"id": read_csv(TEST_CSV)["id"], "label": [labels[p] for p in y_pred]})
-        if all(y >= 0 for y in y_true):  # unlabelled test rows carry -1
-            metrics["test"] = classification_metrics(y_true, y_pred, labels)
+
+def combine_out_of_fold(row_folds, oof):
+    """(rows, probabilities) over every validated row, from [(rows, probabilities) of each fold].
+    Each fold must hold exactly the rows the split gave it: anything else means predictions from
+    another run."""
+    for k, (rows, _) in enumerate(oof):
+        expected = np.flatnonzero(row_folds == k)
+        if not np.array_equal(np.sort(rows), expected):
+            raise PipelineError(f"{folds.PREDICTIONS}/fold-{k}/oof.csv holds other rows than fold {k} of "
+                                f"{folds.FOLDS_CSV}: it comes from another run; rerun `dvc repro`")
+    rows = np.concatenate([r for r, _ in oof])
+    order = np.argsort(rows, kind="stable")
+    return rows[order], np.concatenate([p for _, p in oof])[order]
+
+
+def mean_test_probabilities(tests, n_rows):
+    """The ensemble's test probabilities: the mean over folds, every fold covering every test row."""
+    for k, (rows, _) in enumerate(tests):
+        if not np.array_equal(rows, np.arange(n_rows)):
+            raise PipelineError(f"{folds.PREDICTIONS}/fold-{k}/test.csv does not hold the {n_rows} rows of "
+                                f"{PROCESSED / 'test.csv'}: it comes from another run; rerun `dvc repro`")
+    return np.mean([p for _, p in tests], axis=0)
+
+
+def unused_folders(k):
+    """Fold folders in predictions/ that cv.folds no longer names (left by a run with more folds)."""
+    return sorted(p.name for p in folds.PREDICTIONS.glob("fold-*")
+                  if not p.name.removeprefix("fold-").isdigit() or int(p.name.removeprefix("fold-")) >= k)
+
+
+def main():
+    labels = json.loads((PROCESSED / "labels.json").read_text(encoding="utf-8"))
+    index = {name: i for i, name in enumerate(labels)}
+    row_folds = folds.read_folds()
+    k = folds.fold_count(row_folds)
+    if stale := unused_folders(k):
+        print(f"{folds.PREDICTIONS}/: {', '.join(stale)} left by an earlier run with more folds; not used "
+              "(delete them to keep the folder tidy)")
+    fold_dirs = [folds.outputs(fold)["predictions"] for fold in range(k)]
+
+    y_train = np.array([index[label] for label in read_csv(PROCESSED / "train.csv")["label"]])
+    oof = [folds.read_probabilities(d / "oof.csv", labels) for d in fold_dirs]
+    rows, oof_probabilities = combine_out_of_fold(row_folds, oof)
+    y_true, y_pred = y_train[rows], oof_probabilities.argmax(axis=1)
+    if k == 1:
+        metrics = {"val": classification_metrics(y_true, y_pred, labels)}
+    else:
+        per_fold = [classification_metrics(y_train[r], p.argmax(axis=1), labels) for r, p in oof]
+        metrics = {"oof": classification_metrics(y_true, y_pred, labels), "cv": spread(per_fold)}
+    confusion = pd.DataFrame({"actual": [labels[y] for y in y_true], "predicted": [labels[p] for p in y_pred]})
+
+    submission = probabilities = None
+    if (PROCESSED / "test.csv").exists():
+        test = read_csv(PROCESSED / "test.csv")
+        mean = mean_test_probabilities([folds.read_probabilities(d / "test.csv", labels) for d in fold_dirs],
+                                       len(test))
+        predicted = mean.argmax(axis=1)
+        submission = pd.DataFrame({"id": test["id"], "label": [labels[p] for p in predicted]})
+        probabilities = pd.concat([test[["id"]], pd.DataFrame(mean, columns=labels)], axis=1)
+        if (test["label"] != "").all():  # a labelled test file: score the submission
+            metrics["test"] = classification_metrics([index[label] for label in test["label"]], predicted, labels)
     for split, m in metrics.items():
-        print(f"{split}: accuracy {m['accuracy']}, macro-F1 {m['f1_macro']}")
+        if split == "cv":
+            print(f"cv: macro-F1 {m['f1_macro_mean']:.4f} ± {m['f1_macro_std']:.4f}, accuracy "
+                  f"{m['accuracy_mean']:.4f} ± {m['accuracy_std']:.4f} over {k} folds")
+        else:
+            print(f"{split}: accuracy {m['accuracy']:.4f}, macro-F1 {m['f1_macro']:.4f}")
 
     with atomic_dir(REPORTS) as tmp:
         write_json(tmp / "metrics.json", metrics)
@@ -89,7 +127,8 @@ def main():
     with atomic_dir(SUBMISSION) as tmp:
         if submission is not None:
             submission.to_csv(tmp / "submission.csv", index=False)
-            print(f"wrote {SUBMISSION / 'submission.csv'} ({len(submission)} rows)")
+            probabilities.to_csv(tmp / "probabilities.csv", index=False, float_format=folds.DECIMALS)
+    return [REPORTS, SUBMISSION]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""preprocess: clean the raw CSVs once, de-duplicate, split train/val, save CSVs and the label list.
+"""preprocess: clean the raw CSVs once, de-duplicate, save CSVs and the label list.
 
-Reads data/raw/{train,test}.csv; writes data/processed/{train,val,test}.csv and labels.json.
+Reads data/raw/{train,test}.csv; writes data/processed/{train,test}.csv and labels.json (the split
+stage then decides which training rows each fold validates on).
 Every output CSV has the columns `text` and `label` (test: `id`, `text` and `label`, the
 label empty when the test file has none). Every check runs before anything is written, so a
 bad input leaves the previous data/processed as it was.
@@ -10,14 +11,11 @@ numbers spelled two ways ("1" and "1.0") are one class, named by its most common
 Row numbers in messages count the header as row 1, as a spreadsheet does.
 """
 import html
-import math
 import re
 from decimal import Decimal
 from pathlib import Path
 
 import pandas as pd
-from sklearn.model_selection import train_test_split
-
 from stages.common import (PipelineError, atomic_dir, load_params, read_csv, run_main, write_csv,
                            write_json)
 
@@ -35,7 +33,7 @@ CLEANING_SWITCHES = ("lowercase", "unescape_html", "replace_urls", "replace_ment
 # what each preprocess.* key accepts; load_params turns anything else into a one-line error
 PREPROCESS_PARAMS = {"text_column": (str,), "label_column": (str,), "id_column": (str, None),
                      **{switch: (bool,) for switch in CLEANING_SWITCHES},
-                     "drop_duplicates": (bool,), "val_size": (float,), "seed": (int,)}
+                     "drop_duplicates": (bool,)}
 
 
 def clean_text(text, lowercase=False, unescape_html=True, replace_urls=True,
@@ -120,30 +118,6 @@ def sort_labels(labels):
     return sorted(labels)
 
 
-def split_train_val(df, val_size, seed):
-    """Stratified, seeded split. Classes with a single example stay in train. Validation gets
-    at least one row of each other class and train keeps one, even when val_size asks for fewer
-    (stratifying needs it, and validation must never be empty)."""
-    counts = df["label"].value_counts()
-    rare = df["label"].isin(counts[counts < 2].index)
-    splittable, classes = df[~rare], int((counts >= 2).sum())
-    if classes == 0:
-        raise PipelineError(f"{TRAIN_CSV}: no validation split possible: each of the {len(counts)} "
-                            "classes has a single example; every class needs two or more")
-    n_val = math.ceil(val_size * len(splittable))  # sklearn's rounding of a fractional test_size
-    n_taken = min(max(n_val, classes), len(splittable) - classes)
-    if n_taken != n_val:
-        print(f"preprocess.val_size {val_size} of {len(splittable)} rows gives {n_val} validation "
-              f"row(s); taking {n_taken}, so train and validation each hold all {classes} classes")
-    train, val = train_test_split(splittable, test_size=n_taken, random_state=seed,
-                                  stratify=splittable["label"])
-    if rare.any():
-        singles = sorted(df.loc[rare, "label"])
-        print(f"{len(singles)} row(s) of classes with a single example kept in train only: "
-              f"{singles[:10]}{' ...' if len(singles) > 10 else ''}")
-    return pd.concat([train, df[rare]]), val
-
-
 def check_known_labels(df, labels, path):
     unseen = sorted(set(df["label"]) - set(labels) - {""})
     if unseen:
@@ -203,8 +177,7 @@ def main():
     if len(labels) < 2:
         raise PipelineError(f"{train_path}: {label_col!r} has a single class {labels}; "
                             "classification needs at least two")
-    train, val = split_train_val(train, params["val_size"], params["seed"])
-    print(f"train {len(train)} rows, val {len(val)} rows, labels {labels}")
+    print(f"train {len(train)} rows, labels {labels}")
 
     test = None
     if test_path.exists():
@@ -223,10 +196,10 @@ def main():
 
     with atomic_dir(OUT) as tmp:
         write_csv(train, tmp / "train.csv")
-        write_csv(val, tmp / "val.csv")
         if test is not None:
             write_csv(test, tmp / "test.csv")
         write_json(tmp / "labels.json", labels)
+    return [OUT]
 
 
 if __name__ == "__main__":

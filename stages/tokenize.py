@@ -1,28 +1,36 @@
 """tokenize: turn the processed CSVs into token ids with the model's fast tokenizer.
 
-Reads data/processed/; writes data/tokenized/{train,val,test}.safetensors (unpadded: padding
-happens per batch at training time) and reports/tokenize/lengths.json, the token-length
-statistics and the max_length used (chosen from the train lengths when tokenize.max_length is auto).
+Reads data/processed/; writes data/tokenized/{train,test}.safetensors (unpadded: padding happens
+per batch at training time) and reports/tokenize/lengths.json, the token-length statistics and the
+max_length used (chosen from the train lengths when tokenize.max_length is auto).
+
+Texts are tokenized CHUNK at a time into flat int32 arrays, so memory grows by 4 bytes per token
+with the data, not by the ~6 KB per text that the tokenizer's Python lists take.
 """
 import gc
+import itertools
 import json
 import math
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import torch
 from safetensors.torch import save_file
+import transformers
 from transformers import AutoConfig, AutoTokenizer
 
-from stages.common import (PipelineError, atomic_dir, load_params, model_params, pack_sequences,
-                           read_csv, resolve_model, run_main, write_json)
+from stages.common import (PipelineError, Range, atomic_dir, interactive, load_params, model_params, read_csv,
+                           resolve_model, run_main, write_json)
 
 PROCESSED = Path("data/processed")
 OUT = Path("data/tokenized")
 METRICS = Path("reports/tokenize/lengths.json")
-SPLITS = ("train", "val", "test")
+SPLITS = ("train", "test")
+CHUNK = 8192  # texts per tokenizer call: big enough for its threads, small enough that its lists stay small
 # what each tokenize.* key accepts; load_params turns anything else into a one-line error
-TOKENIZE_PARAMS = {"max_length": (int, "auto"), "length_percentile": (float,)}
+TOKENIZE_PARAMS = {"max_length": (int, "auto", Range(2)),  # room for [CLS] and [SEP]
+                   "length_percentile": (float, Range(0, 100, low_open=True))}
 
 
 @contextmanager
@@ -47,23 +55,51 @@ def encode(tokenizer, texts, **options):
     return encoded["input_ids"]
 
 
-def truncate(tokenizer, texts, ids, max_length):
-    """ids cut to max_length. Only the few texts that are too long are tokenized again, with
-    truncation=True: the tokenizer then keeps the closing special tokens a plain cut would drop."""
-    long = [i for i, seq in enumerate(ids) if len(seq) > max_length]
-    if not long:
-        return ids
+def encode_flat(tokenizer, texts, chunk=CHUNK):
+    """(flat int32 token ids of every text, uncut, one after the other; int64 length of each)."""
+    flats, lengths = [], []
+    for start in range(0, len(texts), chunk):
+        ids = encode(tokenizer, texts[start:start + chunk], verbose=False)  # verbose: no >512 warning
+        lengths.append(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)))
+        flats.append(np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths[-1].sum())))
+    return (np.concatenate(flats) if flats else np.empty(0, np.int32),
+            np.concatenate(lengths) if lengths else np.empty(0, np.int64))
+
+
+def truncate_flat(tokenizer, texts, flat, lengths, max_length):
+    """(flat ids, lengths) with every text cut to max_length. Only the few texts that are too long
+    are tokenized again, with truncation=True: the tokenizer then keeps the closing special tokens
+    that a plain cut would drop."""
+    long = np.flatnonzero(lengths > max_length)
+    if not len(long):
+        return flat, lengths
     cut = encode(tokenizer, [texts[i] for i in long], truncation=True, max_length=max_length)
-    ids = list(ids)
-    for i, seq in zip(long, cut):
-        ids[i] = seq
-    return ids
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    pieces, kept = [], 0  # kept: the first text not yet copied
+    for i, ids in zip(long, cut):
+        pieces += [flat[offsets[kept]:offsets[i]], np.asarray(ids, dtype=np.int32)]
+        kept = i + 1
+    pieces.append(flat[offsets[kept]:])
+    lengths = lengths.copy()
+    lengths[long] = [len(ids) for ids in cut]
+    return np.concatenate(pieces), lengths
 
 
 def tokenize_texts(tokenizer, texts, max_length):
-    """(token ids cut to max_length, full lengths) for a list of texts, in one batched call."""
-    full = encode(tokenizer, texts, verbose=False)  # verbose=False: no warning for >512 tokens
-    return truncate(tokenizer, texts, full, max_length), [len(ids) for ids in full]
+    """(token id lists cut to max_length, full lengths): encode_flat and truncate_flat as lists."""
+    flat, full = encode_flat(tokenizer, texts)
+    flat, lengths = truncate_flat(tokenizer, texts, flat, full, max_length)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    ids = flat.tolist()
+    return [ids[a:b] for a, b in zip(offsets[:-1], offsets[1:])], full.tolist()
+
+
+def packed(flat, lengths, labels):
+    """The tensors of a tokenized split, as common.pack_sequences makes them from lists."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return {"input_ids": torch.from_numpy(flat), "offsets": torch.from_numpy(offsets),
+            "labels": torch.tensor(labels, dtype=torch.int64)}
 
 
 def auto_max_length(lengths, percentile, limit):
@@ -79,9 +115,10 @@ def model_limit(tokenizer, config):
 
 
 def length_stats(lengths, max_length):
+    """Percentiles of the token lengths and the share max_length cuts, as plain Python numbers."""
     lengths = np.asarray(lengths)
-    p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
-    return {"p50": round(p50, 1), "p90": round(p90, 1), "p99": round(p99, 1), "max": int(lengths.max()),
+    p50, p90, p99 = (round(float(p), 1) for p in np.percentile(lengths, [50, 90, 99]))
+    return {"p50": p50, "p90": p90, "p99": p99, "max": int(lengths.max()),
             "truncated_fraction": round(float((lengths > max_length).mean()), 4)}
 
 
@@ -96,36 +133,41 @@ def main():
     model_name, remote_code = model["name"], model["trust_remote_code"]
     params = load_params("tokenize", TOKENIZE_PARAMS)
     max_length, percentile = params["max_length"], params["length_percentile"]
-    if max_length != "auto" and max_length < 2:
-        raise PipelineError(f"tokenize.max_length must be auto or at least 2 ([CLS], [SEP]), not {max_length}")
-    if not 0 < percentile <= 100:
-        raise PipelineError(f"tokenize.length_percentile must be above 0 and at most 100, not {percentile}")
-    label_list = json.loads((PROCESSED / "labels.json").read_text(encoding="utf-8"))
+    if not interactive():  # a download's progress bar: one endless line in a log
+        transformers.utils.logging.disable_progress_bar()
     model_source = resolve_model(model_name)  # once: for a hub id it asks the hub
     tokenizer = AutoTokenizer.from_pretrained(model_source, trust_remote_code=remote_code)
     if not tokenizer.is_fast:
         raise PipelineError(f"model.name {model_name!r} has no fast tokenizer; pick a model that has one")
+    limit = model_limit(tokenizer, AutoConfig.from_pretrained(model_source, trust_remote_code=remote_code))
+    if max_length != "auto" and max_length > limit:  # the model would fail on its first long batch
+        raise PipelineError(f"params.yaml: tokenize.max_length {max_length} is more than model.name "
+                            f"{model_name!r} takes ({limit} tokens): set it to at most {limit}, or auto")
+    label_list = json.loads((PROCESSED / "labels.json").read_text(encoding="utf-8"))
 
-    frames = {s: read_csv(PROCESSED / f"{s}.csv") for s in SPLITS if (PROCESSED / f"{s}.csv").exists()}
-    texts = {s: df["text"].tolist() for s, df in frames.items()}
-    full = {s: encode(tokenizer, t, verbose=False) for s, t in texts.items()}
-    lengths = {s: [len(ids) for ids in seqs] for s, seqs in full.items()}
+    splits = [s for s in SPLITS if (PROCESSED / f"{s}.csv").exists()]
+    frames = {s: read_csv(PROCESSED / f"{s}.csv") for s in splits}
+    full = {s: encode_flat(tokenizer, frames[s]["text"].tolist()) for s in splits}  # (flat ids, lengths)
     if max_length == "auto":
-        limit = model_limit(tokenizer, AutoConfig.from_pretrained(model_source, trust_remote_code=remote_code))
-        max_length = auto_max_length(lengths["train"], percentile, limit)
-        print(f"max_length auto: {max_length} (p{percentile} of the train texts' token lengths, "
+        max_length = auto_max_length(full["train"][1], percentile, limit)
+        print(f"max_length auto: {max_length} (p{percentile:g} of the train texts' token lengths, "
               f"rounded up to a multiple of 8, at most the model's {limit})")
     else:
         percentile = None  # not used: the metrics say so
     stats = {"max_length": max_length, "max_length_percentile": percentile}
 
     with atomic_dir(OUT) as tmp:
-        for split, df in frames.items():
-            ids = truncate(tokenizer, texts[split], full[split], max_length)
-            save_file(pack_sequences(ids, label_ids(df["label"], label_list)), tmp / f"{split}.safetensors")
-            stats[split] = length_stats(lengths[split], max_length)
-            print(f"{split}: {len(ids)} texts, token length {stats[split]}")
+        for split in splits:
+            texts, (flat, lengths) = frames[split]["text"].tolist(), full.pop(split)
+            cut, cut_lengths = truncate_flat(tokenizer, texts, flat, lengths, max_length)
+            labels = label_ids(frames[split]["label"], label_list)
+            save_file(packed(cut, cut_lengths, labels), tmp / f"{split}.safetensors")
+            stats[split] = length_stats(lengths, max_length)
+            print(f"{split}: {len(lengths):,} texts, token length p50 {stats[split]['p50']:g}, p99 "
+                  f"{stats[split]['p99']:g}, max {stats[split]['max']}; {stats[split]['truncated_fraction']:.2%} "
+                  f"cut at {max_length}")
     write_json(METRICS, stats)
+    return [OUT, METRICS]
 
 
 if __name__ == "__main__":

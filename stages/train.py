@@ -1,17 +1,23 @@
-"""train: fine-tune the model on the tokenized train split with transformers' Trainer.
+"""train: fine-tune the model on one fold's training rows with transformers' Trainer, then predict.
 
-Reads data/tokenized/{train,val}.safetensors and data/processed/labels.json; writes the model
-folder models/model (weights as safetensors, tokenizer, label mapping in config.json) and the
-training curves in reports/train (dvclive: loss, learning rate, val accuracy/F1, epoch time,
-and speed/*: examples and real tokens per second and padding fraction of all processes together,
-peak memory of the largest process, batch size per process, number of processes).
-Runs on the GPU when there is one (mixed precision, batch size probed to fit), else on the CPU (fp32).
+`python -m stages.train --fold K`; dvc.yaml runs it once per item of cv.folds, as stage train@K.
+Reads data/tokenized/{train,test}.safetensors, data/split/folds.csv (fold K validates on the rows
+marked K and trains on all the others) and data/processed/labels.json. Writes, for fold K:
+- models/fold-K: weights (safetensors), tokenizer, label mapping in config.json;
+- predictions/fold-K: oof.csv, the class probabilities of the rows it validated on (its final
+  evaluation), and test.csv, those of every test row;
+- reports/train/fold-K: the training curves (dvclive: loss, learning rate, validation accuracy/F1,
+  epoch time, and speed/*: examples and real tokens per second and padding fraction of all
+  processes together, peak memory of the largest process, batch size, number of processes).
+Runs on the GPU when there is one (mixed precision, batch size probed to fit), else on the CPU (bf16
+where the CPU has bf16 instructions, else fp32); train.mixed_precision: false keeps fp32 on both.
 
-Checkpoints every train.checkpoint_steps steps into checkpoints/train; a rerun with the same
+Checkpoints every train.checkpoint_steps steps into checkpoints/fold-K; a rerun with the same
 settings resumes from the newest, and Ctrl-C or SIGTERM saves one before stopping (stages/checkpoint.py).
 With train.num_processes N > 1 it relaunches itself under torchrun: N processes, one per GPU,
 each with its share of every batch (DistributedDataParallel); only the first writes outputs.
 """
+import argparse
 import json
 import os
 import signal
@@ -27,31 +33,38 @@ from sklearn.metrics import accuracy_score, f1_score
 from transformers import (AutoModelForSequenceClassification, AutoTokenizer,
                           DataCollatorWithPadding, TrainingArguments, set_seed)
 from transformers.integrations import DVCLiveCallback
+from transformers.trainer_callback import PrinterCallback
 from transformers.utils import is_torch_tf32_available
 
-from stages import checkpoint
-from stages.common import (PipelineError, atomic_dir, load_params, model_params, resolve_model, run_main,
-                           unpack_sequences)
-from stages.speed import (CountingTrainer, Throughput, across_processes, autocast_dtype,
-                          out_of_memory_in_training, peak_memory, pick_batch_size, use_expandable_segments)
+from stages import checkpoint, folds, unpadded
+from stages.common import (SEEDS, PipelineError, Range, atomic_dir, interactive, load_params, model_params,
+                           resolve_model, run_main, unpack_sequences)
+from stages.progress import ProgressLog
+from stages.processes import agreed_batch_size, join_processes, per_process_batch
+from stages.speed import (CountingTrainer, Throughput, autocast_dtype, check_batch_size, out_of_memory_in_training,
+                          peak_memory, use_expandable_segments)
 
 TOKENIZED = Path("data/tokenized")
 LABELS = Path("data/processed/labels.json")
-OUT = Path("models/model")
-LIVE_DIR = Path("reports/train")
 # what each train.* key accepts; load_params turns anything else into a one-line error
-TRAIN_PARAMS = {"epochs": (int, float), "batch_size": (int, "auto"), "effective_batch_size": (int,),
-                "lr": (float,), "weight_decay": (float,), "warmup_ratio": (float,), "max_grad_norm": (float,),
-                "seed": (int,), "group_by_length": (bool,), "mixed_precision": (bool,), "tf32": (bool,),
-                "fused_adamw": (bool,), "pin_memory": (bool,), "loader_workers": (int,),
-                "checkpoint_steps": (int,), "num_processes": (int,)}
+TRAIN_PARAMS = {"epochs": (float, Range(0, low_open=True)), "batch_size": (int, "auto", Range(1)),
+                "effective_batch_size": (int, Range(1)), "lr": (float, Range(0, 1, low_open=True)),
+                "weight_decay": (float, Range(0, 1)), "warmup_ratio": (float, Range(0, 1, high_open=True)),
+                "max_grad_norm": (float, Range(0)), "seed": (int, SEEDS), "group_by_length": (bool,),
+                "mixed_precision": (bool,), "tf32": (bool,), "fused_adamw": (bool,), "pin_memory": (bool,),
+                "unpadded": (bool,), "loader_workers": (int, Range(0)), "checkpoint_steps": (int, Range(1)),
+                "num_processes": (int, Range(1))}
 
 
 class TokenizedDataset(torch.utils.data.Dataset):
-    """Unpadded token ids and label ids, as the tokenize stage saved them."""
+    """Unpadded token ids and label ids (lists), e.g. some rows of a split the tokenize stage saved."""
 
-    def __init__(self, path):
-        self.sequences, self.labels = unpack_sequences(load_file(path))
+    def __init__(self, sequences, labels):
+        self.sequences, self.labels = sequences, labels
+
+    @classmethod
+    def rows(cls, sequences, labels, rows):
+        return cls([sequences[i] for i in rows], [labels[i] for i in rows])
 
     def __len__(self):
         return len(self.sequences)
@@ -60,11 +73,23 @@ class TokenizedDataset(torch.utils.data.Dataset):
         return {"input_ids": self.sequences[i], "labels": self.labels[i]}
 
 
-def compute_metrics(eval_pred):
-    logits, labels = eval_pred
-    predictions = np.argmax(logits, axis=-1)
-    return {"accuracy": accuracy_score(labels, predictions),
-            "f1_macro": f1_score(labels, predictions, average="macro")}
+class ValidationScores:
+    """Trainer's compute_metrics, keeping the logits of the latest evaluation: after the last one,
+    those are the fold's out-of-fold predictions, with no second pass over the validation rows."""
+
+    def __init__(self):
+        self.logits = None
+
+    def __call__(self, eval_pred):
+        self.logits, labels = eval_pred
+        predictions = np.argmax(self.logits, axis=-1)
+        return {"accuracy": accuracy_score(labels, predictions),
+                "f1_macro": f1_score(labels, predictions, average="macro")}
+
+
+def evaluated_at_end(state):
+    """Whether Trainer's last evaluation was of the final model (it evaluates at each epoch's end)."""
+    return any("eval_loss" in entry and entry.get("step") == state.global_step for entry in state.log_history)
 
 
 class LiveCallback(DVCLiveCallback):
@@ -91,7 +116,7 @@ def make_collator(tokenizer, device):
 def training_arguments(params, output_dir, device, batch_size, accumulation):
     """Trainer's settings; output_dir receives the checkpoints."""
     cuda = device == "cuda"
-    dtype = autocast_dtype(params["mixed_precision"])
+    dtype = autocast_dtype(params["mixed_precision"], device)
     return TrainingArguments(
         output_dir=output_dir,
         num_train_epochs=params["epochs"],
@@ -120,61 +145,9 @@ def training_arguments(params, output_dir, device, batch_size, accumulation):
         save_total_limit=1,  # the newest is all a resumed run needs
         logging_strategy="steps",
         logging_steps=0.02,  # a fraction: about 50 points on the loss curve whatever the data size
-        report_to="none",  # dvclive is attached explicitly, to write into reports/train
+        report_to="none",  # dvclive is attached explicitly, to write into reports/train/fold-K
+        disable_tqdm=True,  # stages.progress prints instead: a bar on a terminal, lines in a log
     )
-
-
-def torchrun_command(num_processes):
-    """This stage under torchrun on this machine: one process per GPU (or CPU share), rendezvous on
-    a free local port (--standalone)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={num_processes}",
-            "-m", "stages.train"]
-
-
-def relaunch_under_torchrun(num_processes):
-    """Replace this process by torchrun running num_processes copies of this stage: its exit code
-    becomes the stage's, and signals (Ctrl-C, SIGTERM) reach torchrun, which passes them on."""
-    env = {k: v for k, v in os.environ.items() if k != "PIPELINE_STAGE_LOG"}  # the stage ran once, not N times
-    sys.stdout.flush()
-    os.execve(sys.executable, torchrun_command(num_processes), env)
-
-
-def join_processes(num_processes, device):
-    """(number of processes, this one's rank). With num_processes > 1 and no torchrun around yet,
-    becomes torchrun (does not return); under torchrun (ours, or one started by hand across
-    machines) joins the others."""
-    if num_processes < 1:
-        raise PipelineError(f"train.num_processes must be 1 or more, not {num_processes}")
-    if num_processes > 1 and "LOCAL_RANK" not in os.environ:
-        relaunch_under_torchrun(num_processes)
-    world_size, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
-    if world_size > 1:
-        if device == "cuda":
-            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        # now, not when Trainer starts: the processes agree on the batch size before that
-        torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
-    return world_size, rank
-
-
-def per_process_batch(effective_batch_size, world_size):
-    """Examples per optimizer step in each process: the effective batch split evenly."""
-    if effective_batch_size % world_size:
-        raise PipelineError(f"train.effective_batch_size {effective_batch_size} does not split evenly over "
-                            f"{world_size} processes: make it a multiple of {world_size}")
-    return effective_batch_size // world_size
-
-
-def agreed_batch_size(model, sequences, params, world_size, device):
-    """(per-process batch, accumulation steps, longest batch) as pick_batch_size finds them, the
-    same in every process: a GPU with less free memory sets the batch for all, so that all
-    processes take the same number of steps."""
-    process_batch = per_process_batch(params["effective_batch_size"], world_size)
-    batch_size, accumulation, seq_len = pick_batch_size(
-        model, sequences, params["batch_size"], process_batch, params["mixed_precision"], device)
-    smallest = int(across_processes([batch_size], "min")[0])
-    if smallest != batch_size:
-        batch_size, accumulation = smallest, process_batch // smallest
-    return batch_size, accumulation, seq_len
 
 
 def load_model(model_source, labels, trust_remote_code=False):
@@ -190,81 +163,146 @@ def load_model(model_source, labels, trust_remote_code=False):
     return tokenizer, model
 
 
-def open_live(resume):
-    """dvclive's logger for reports/train. DVC deletes a stage's metrics and plots before it
+def open_live(resume, folder):
+    """dvclive's logger for the fold's curves. DVC deletes a stage's metrics and plots before it
     reruns it, so a resumed run rebuilds the curves up to its checkpoint from the checkpoint."""
     from dvclive import Live  # here, not at the top: the benchmark imports this module where dvclive is not
 
-    live = Live(dir=str(LIVE_DIR), dvcyaml=None, save_dvc_exp=False)
+    live = Live(dir=str(folder), dvcyaml=None, save_dvc_exp=False)
     if resume:
         checkpoint.replay_logs(live, json.loads((resume / checkpoint.STATE).read_text())["log_history"])
     return live
 
 
+@torch.inference_mode()
+def predict_logits(model, collator, sequences, batch_size, device, dtype=None):
+    """Logits (n, num_labels) in input order, in float32. Batches hold texts of similar length
+    (sorted by length), so padding each batch to its own longest text wastes little."""
+    model.eval()
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    logits = torch.empty(len(sequences), model.config.num_labels)
+    for start in range(0, len(order), batch_size):
+        batch_index = order[start:start + batch_size]
+        batch = collator([{"input_ids": sequences[i]} for i in batch_index]).to(device)
+        with torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
+            logits[batch_index] = model(**batch).logits.float().cpu()
+    return logits
+
+
+def probabilities(logits):
+    return torch.softmax(torch.as_tensor(logits, dtype=torch.float32), dim=-1).numpy()
+
+
+def speed_line(speed):
+    """The speed metrics in words, for the log."""
+    memory = (f"peak GPU memory {speed['peak_gpu_gb']:.2f} GB ({speed['peak_gpu_fraction']:.0%})"
+              if "peak_gpu_gb" in speed else f"peak memory {speed['peak_rss_gb']:.2f} GB")
+    return (f"speed: {speed['tokens_per_s']:,.0f} real tokens/s, {speed['samples_per_s']:,.1f} examples/s, "
+            f"padding {speed['padding_fraction']:.1%}, {memory}")
+
+
+def parse_fold(argv):
+    parser = argparse.ArgumentParser(prog="python -m stages.train", description="train one fold")
+    parser.add_argument("--fold", type=int, default=0, help="the fold to train (an item of cv.folds); default 0")
+    return parser.parse_args(argv).fold
+
+
 def main():
+    fold = parse_fold(sys.argv[1:])
     params = load_params("train", TRAIN_PARAMS)
-    if params["checkpoint_steps"] < 1:
-        raise PipelineError(f"train.checkpoint_steps must be 1 or more, not {params['checkpoint_steps']}")
+    check_batch_size(params["batch_size"], per_process_batch(params["effective_batch_size"], params["num_processes"]))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     world_size, rank = join_processes(params["num_processes"], device)
     main_process = rank == 0  # the only one that prints and writes outputs
     say = print if main_process else (lambda *args, **kwargs: None)
     model = model_params()
     model_name = model["name"]
+    if not interactive():  # bars of weights loaded and written, downloads: one endless line in a log
+        transformers.utils.logging.disable_progress_bar()
     model_source = resolve_model(model_name)
     labels = json.loads(LABELS.read_text(encoding="utf-8"))
+    row_folds = folds.read_folds()
+    if not 0 <= fold < folds.fold_count(row_folds):
+        raise PipelineError(f"--fold {fold}: {folds.FOLDS_CSV} has folds 0 to {folds.fold_count(row_folds) - 1} "
+                            "(cv.folds): rerun `dvc repro split`, or pick one of those")
+    out = folds.outputs(fold)
     use_expandable_segments()
 
     set_seed(params["seed"])  # before the model is built: seeds the new classifier head
     tokenizer, model = load_model(model_source, labels, model["trust_remote_code"])
     say(f"loaded {model_source}; the {len(labels)}-class classifier head is new (randomly initialised)")
-    train_set = TokenizedDataset(TOKENIZED / "train.safetensors")
-    val_set = TokenizedDataset(TOKENIZED / "val.safetensors")
-    say(f"training on {device}" + (f" in {world_size} processes" if world_size > 1 else "") +
-        f": {len(train_set)} train / {len(val_set)} val examples, labels {labels}")
+    sequences, label_ids = unpack_sequences(load_file(TOKENIZED / "train.safetensors"))
+    train_set = TokenizedDataset.rows(sequences, label_ids, np.flatnonzero(row_folds != fold))
+    # sorted by length: evaluation batches pad little, and its logits come back in this known order
+    val_rows = sorted(np.flatnonzero(row_folds == fold), key=lambda i: len(sequences[i]))
+    val_set = TokenizedDataset.rows(sequences, label_ids, val_rows)
+    say(f"fold {fold}: training on {device}" + (f" in {world_size} processes" if world_size > 1 else "") +
+        f": {len(train_set):,} train / {len(val_set):,} validation examples, labels {labels}")
     batch_size, accumulation, seq_len = agreed_batch_size(model, train_set.sequences, params, world_size, device)
+    dtype = autocast_dtype(params["mixed_precision"], device)
     say(f"batch: {batch_size} per step x {accumulation} accumulated" +
         (f" x {world_size} processes" if world_size > 1 else "") +
         f" = {batch_size * accumulation * world_size} per optimizer step; longest batch {seq_len} tokens; "
-        f"{autocast_dtype(params['mixed_precision']) or torch.float32}")
+        f"{str(dtype or torch.float32).removeprefix('torch.')}")
 
-    inputs = sorted(TOKENIZED.glob("*.safetensors")) + [LABELS]
+    inputs = sorted(TOKENIZED.glob("*.safetensors")) + [LABELS, folds.FOLDS_CSV]
     resume = checkpoint.prepare(checkpoint.fingerprint(params, model_name, world_size, batch_size, accumulation,
-                                                       checkpoint.file_digest(inputs)), main_process=main_process)
-    live = open_live(resume) if main_process else None
-    throughput = Throughput()
+                                                       checkpoint.file_digest(inputs)),
+                                out["checkpoints"], main_process=main_process)
+    live = open_live(resume, out["live"]) if main_process else None
+    if live:  # the device this run was given: with a queue worker per GPU (README), which one each took
+        live.summary.update(device=device, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    throughput, scores, collator = Throughput(), ValidationScores(), make_collator(tokenizer, device)
+    packed = params["unpadded"] and unpadded.supports(model)
+    if params["unpadded"]:
+        say("train.unpadded: padding-free batches" if packed else
+            f"train.unpadded: {type(model).__name__} is not a BERT-style classifier; padded batches instead")
     with checkpoint.StopOnSignal(verbose=main_process) as stop:
         trainer = CountingTrainer(
-            model=model,
-            args=training_arguments(params, str(checkpoint.FOLDER), device, batch_size, accumulation),
+            model=unpadded.UnpaddedClassifier(model) if packed else model,  # it trains `model` itself
+            args=training_arguments(params, str(out["checkpoints"]), device, batch_size, accumulation),
             train_dataset=train_set,
             eval_dataset=val_set,
-            data_collator=make_collator(tokenizer, device),
-            compute_metrics=compute_metrics,
-            callbacks=[LiveCallback(live=live), stop] if live else [stop],
+            data_collator=unpadded.collate if packed else collator,
+            compute_metrics=scores,
+            callbacks=[LiveCallback(live=live), stop, ProgressLog()] if live else [stop, ProgressLog()],
             throughput=throughput,
         )
+        trainer.remove_callback(PrinterCallback)  # it prints a dict per log; ProgressLog prints for people
         try:
             trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+            if not evaluated_at_end(trainer.state):  # e.g. stopped by a signal after the last step
+                trainer.evaluate()
         except torch.cuda.OutOfMemoryError:
             raise PipelineError(out_of_memory_in_training(batch_size, seq_len)) from None
     if stop.stopped:
         say(f"stopped by {signal.Signals(stop.stopped).name} at step {trainer.state.global_step} of "
-            f"{trainer.state.max_steps}; saved a checkpoint in {checkpoint.FOLDER}: rerun to resume from it")
+            f"{trainer.state.max_steps}; saved a checkpoint in {out['checkpoints']}: rerun to resume from it")
         sys.exit(128 + stop.stopped)  # the shell's convention for "ended by this signal"
 
     # summed or maxed over the processes: every process takes part
     speed = {**throughput.summary(), **peak_memory(), "batch_size": batch_size,
              "gradient_accumulation_steps": accumulation, "processes": world_size}
-    if main_process:
-        print(f"speed: {speed}")
-        for name, value in speed.items():
-            live.log_metric(f"speed/{name}", value, plot=False)
-        live.make_summary()
-        with atomic_dir(OUT) as tmp:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-        checkpoint.remove()
+    if not main_process:
+        return None
+    print(speed_line(speed))
+    for name, value in speed.items():
+        live.log_metric(f"speed/{name}", value, plot=False)
+    live.make_summary()
+    test_path = TOKENIZED / "test.safetensors"
+    test_sequences = unpack_sequences(load_file(test_path))[0] if test_path.exists() else None
+    with atomic_dir(out["predictions"]) as tmp:
+        folds.write_probabilities(folds.probabilities_frame(val_rows, probabilities(scores.logits), labels),
+                                  tmp / "oof.csv")
+        if test_sequences is not None:
+            logits = predict_logits(model, collator, test_sequences, 2 * batch_size, device, dtype)
+            folds.write_probabilities(folds.probabilities_frame(range(len(test_sequences)), probabilities(logits),
+                                                                labels), tmp / "test.csv")
+    with atomic_dir(out["model"]) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    checkpoint.remove(out["checkpoints"])
+    return [out["model"], out["predictions"], out["live"]]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""Bad input: each case runs the real `python -m stages.preprocess` in a temporary folder with a
-params.yaml and data/raw/ written here, and checks the exact line the user sees. A failing run
-must leave the previous data/processed exactly as it was; a run that copes must say what it did.
+"""Bad input: each case runs the real `python -m stages.preprocess` (then `python -m stages.split`,
+as `dvc repro` does) in a temporary folder with a params.yaml and data/raw/ written here, and checks
+the exact line the user sees. A failing run must leave the previous data/processed and data/split
+exactly as they were; a run that copes must say what it did.
 The model-name cases call resolve_model, which tokenize and train call before loading."""
 import csv
 import json
@@ -37,13 +38,15 @@ def work(tmp_path):
     old.mkdir()
     (old / "train.csv").write_text("text,label\nold,a\n")
     (old / "labels.json").write_text('["a"]\n')
+    (tmp_path / "data/split").mkdir()
+    (tmp_path / "data/split/folds.csv").write_text("row,fold\n0,0\n")
     return tmp_path
 
 
-def set_params(work, **preprocess):
+def set_params(work, section="preprocess", **changes):
     path = work / "params.yaml"
     params = yaml.safe_load(path.read_text())
-    params["preprocess"].update(preprocess)
+    params[section].update(changes)
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
@@ -59,28 +62,39 @@ def snapshot(folder):
     return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def preprocess(work):
-    result = subprocess.run([sys.executable, "-m", "stages.preprocess"], cwd=work, env=stage_env(),
+def run_stage(work, stage):
+    result = subprocess.run([sys.executable, "-m", f"stages.{stage}"], cwd=work, env=stage_env(),
                             capture_output=True, text=True, timeout=120)
     return result.returncode, result.stdout, result.stderr
 
 
-def fails_with(work, message):
-    """Run preprocess; assert it fails with exactly `message` on one line and writes nothing."""
+def fails_with(work, message, stage="preprocess"):
+    """Run preprocess (and split, when it is the stage expected to fail); assert the stage fails
+    with exactly `message` on one line and writes nothing."""
+    if stage == "split":
+        code, out, err = run_stage(work, "preprocess")
+        assert code == 0, out + err
     before = snapshot(work / "data")
-    code, out, err = preprocess(work)
+    code, out, err = run_stage(work, stage)
     assert (code, err) == (1, f"error: {message}\n"), out + err
     assert snapshot(work / "data") == before  # the old output survived, no temp folder is left
     return out
 
 
 def succeeds(work):
-    code, out, err = preprocess(work)
-    assert code == 0, out + err
+    """Run preprocess and split; return (their output, {train, val, test: frame}, labels), where
+    train and val are the processed training rows the (one) fold trains and validates on."""
+    output = ""
+    for stage in ("preprocess", "split"):
+        code, out, err = run_stage(work, stage)
+        assert code == 0, out + err
+        output += out
+    assert not list((work / "data").glob(".*.tmp-*")), "a temp folder was left behind"
     processed = work / "data/processed"
-    assert not list(processed.parent.glob(".processed.*")), "a temp folder was left behind"
     frames = {p.stem: pd.read_csv(p, dtype=str, keep_default_na=False) for p in processed.glob("*.csv")}
-    return out, frames, json.loads((processed / "labels.json").read_text())
+    folds = pd.read_csv(work / "data/split/folds.csv")["fold"]
+    frames["train"], frames["val"] = frames["train"][folds != 0], frames["train"][folds == 0]
+    return output, frames, json.loads((processed / "labels.json").read_text())
 
 
 # ---- the file itself ---------------------------------------------------------------------
@@ -176,13 +190,14 @@ def test_misspelled_preprocess_key(work):
     write_raw(work, train=HEADER + GOOD_ROWS)
     fails_with(work, "params.yaml: unknown key preprocess.lowercse; preprocess takes text_column, label_column, "
                      "id_column, lowercase, unescape_html, replace_urls, replace_mentions, normalize_whitespace, "
-                     "drop_duplicates, val_size, seed")
+                     "drop_duplicates")
 
 
-def test_mistyped_preprocess_value(work):
-    set_params(work, val_size="ten percent")
+def test_mistyped_split_value(work):
+    set_params(work, "split", val_size="ten percent")
     write_raw(work, train=HEADER + GOOD_ROWS)
-    fails_with(work, "params.yaml: preprocess.val_size must be a number, not 'ten percent'")
+    fails_with(work, "params.yaml: split.val_size must be a number above 0 and below 1, not 'ten percent'",
+               stage="split")
 
 
 # ---- columns -----------------------------------------------------------------------------
@@ -288,15 +303,38 @@ def test_class_with_one_example_stays_in_train(work):
 
 def test_every_class_with_one_example(work):
     write_raw(work, train=HEADER + "a,x\nb,y\nc,z\n")
-    fails_with(work, "data/raw/train.csv: no validation split possible: each of the 3 classes "
-                     "has a single example; every class needs two or more")
+    fails_with(work, "data/processed/train.csv: no validation split possible: each of the 3 classes "
+                     "has a single example; every class needs two or more", stage="split")
+
+
+def test_more_folds_than_a_class_has_texts(work):
+    set_params(work, "cv", folds=[0, 1, 2, 3, 4])
+    write_raw(work, train=HEADER + GOOD_ROWS + "r1,rare\nr2,rare\nr3,rare\nr3,rare\n")  # 3 distinct texts
+    fails_with(work, "data/processed/train.csv: too few distinct texts for 5 folds ('rare' has 3); every class "
+                     "needs at least one per fold: use at most 3 folds in cv.folds, or more examples of those "
+                     "classes", stage="split")
+
+
+@pytest.mark.parametrize("folds", [[], [1, 2]])
+def test_folds_that_are_not_0_to_k_minus_1(work, folds):
+    set_params(work, "cv", folds=folds)
+    write_raw(work, train=HEADER + GOOD_ROWS)
+    fails_with(work, "params.yaml: cv.folds must list the folds 0 to K-1: [0] for one model on a holdout split, "
+                     f"or e.g. [0, 1, 2, 3, 4] for 5-fold cross-validation; not {folds!r}", stage="split")
+
+
+def test_folds_given_as_a_number(work):
+    # `dvc repro` stops at dvc.yaml's foreach before any stage runs (tests/test_cv.py); the stage says it too
+    set_params(work, "cv", folds=3)
+    write_raw(work, train=HEADER + GOOD_ROWS)
+    fails_with(work, "params.yaml: cv.folds must be a list, not 3", stage="split")
 
 
 def test_smaller_than_a_batch_still_gets_a_validation_row_per_class(work):
     # 6 rows, 3 classes: val_size 0.1 asks for 1 validation row, and stratifying needs 3
     write_raw(work, train=HEADER + "".join(GOOD_ROWS.splitlines(keepends=True)[:6]))
     out, frames, labels = succeeds(work)
-    assert ("preprocess.val_size 0.1 of 6 rows gives 1 validation row(s); taking 3, so train and "
+    assert ("split.val_size 0.1 of 6 rows gives 1 validation row(s); taking 3, so train and "
             "validation each hold all 3 classes") in out
     assert sorted(frames["val"]["label"]) == sorted(frames["train"]["label"]) == ["neg", "neu", "pos"]
 

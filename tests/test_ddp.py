@@ -36,20 +36,21 @@ def runs(tmp_path_factory, tiny_data_dir, tiny_model_dir):
 
 
 def metrics(repo):
-    return json.loads((repo / "reports/train/metrics.json").read_text())
+    return json.loads((repo / "reports/train/fold-0/metrics.json").read_text())
 
 
 def test_two_processes_train_once_and_write_outputs_once(runs):
     repo, out, log = runs[2]
-    assert log == ["train"], "the stage ran once (its torchrun copies do not count)"
+    assert log == ["train@0"], "the stage ran once (its torchrun copies do not count)"
     assert "training on cpu in 2 processes" in out, out
     assert out.count("batch: 8 per step x 1 accumulated x 2 processes = 16 per optimizer step") == 1, out
     assert out.count("speed: ") == 1, "only the first process reports"
-    assert (repo / "models/model/model.safetensors").is_file()
-    assert not list(repo.glob("models/.model.*")), "a temp folder was left behind"
-    assert not (repo / "checkpoints/train").exists()
+    assert (repo / "models/fold-0/model.safetensors").is_file()
+    assert (repo / "predictions/fold-0/oof.csv").is_file()
+    assert not list(repo.glob("models/.fold-0.*")), "a temp folder was left behind"
+    assert not (repo / "checkpoints/fold-0").exists()
     assert metrics(repo)["speed"]["processes"] == 2
-    accuracy_rows = (repo / "reports/train/plots/metrics/eval/accuracy.tsv").read_text().splitlines()[1:]
+    accuracy_rows = (repo / "reports/train/fold-0/plots/metrics/eval/accuracy.tsv").read_text().splitlines()[1:]
     assert len(accuracy_rows) == DDP_PARAMS["train__epochs"], "one evaluation per epoch, logged once"
 
 

@@ -1,7 +1,8 @@
 import torch
 from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding
 
-from stages.evaluate import classification_metrics, predict_logits
+from stages.evaluate import classification_metrics
+from stages.train import predict_logits
 
 
 def test_classification_metrics():

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.test_pipeline import REPO, dvc, init_pipeline_repo, run
 
@@ -86,7 +85,7 @@ def test_queued_experiments_are_listed_with_their_params_and_metrics(queued):
         exp = experiments[name]
         assert exp["error"] is None, (name, exp["error"])
         assert exp["params"]["params.yaml"]["data"]["train"]["lr"] == lr
-        train = exp["metrics"]["reports/train/metrics.json"]["data"]
+        train = exp["metrics"]["reports/train/fold-0/metrics.json"]["data"]
         evaluation = exp["metrics"]["reports/evaluate/metrics.json"]["data"]
         assert 0 <= train["eval"]["f1_macro"] <= 1, (name, train)
         assert 0 <= evaluation["val"]["accuracy"] <= 1, (name, evaluation)
@@ -97,7 +96,7 @@ def test_each_experiment_trained_with_its_own_learning_rate(queued):
     # dvclive's curve holds the learning rate the scheduler really used; its peak is train.lr,
     # so this fails if `-S train.lr=...` never reached the training. Read through `dvc plots
     # diff`, which finds the curve in git or in the DVC cache, wherever dvc.yaml keeps it.
-    curve = "reports/train/plots/metrics/learning_rate.tsv"
+    curve = "reports/train/fold-0/plots/metrics/learning_rate.tsv"
     shown = json.loads(dvc("plots", "diff", *LEARNING_RATES, "--json", "--targets", curve, cwd=queued).stdout)
     points = shown["data"][curve][0]["content"]["data"]["values"]
     for name, lr in LEARNING_RATES.items():
@@ -125,18 +124,19 @@ def test_exp_diff_and_plots_diff_compare_the_two(queued):
     page = (queued / "compare/index.html").read_text()
     for name in LEARNING_RATES:
         assert f'"rev": "{name}"' in page, f"{name}'s points missing from the plots diff page"
-    for plot in declared_plots(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]):
-        assert f'id = "{re.sub(r"[^A-Za-z0-9]", "_", plot)}"' in page, f"{plot} missing from the plots diff page"
+    for plot in declared_plots(queued):
+        assert f'id = "{re.sub(r"[^A-Za-z0-9_-]", "_", plot)}"' in page, f"{plot} missing from the plots diff page"
 
 
 def test_everything_the_pipeline_reads_is_tracked_by_git():
     """Queued and temp runs see only what git tracks: a dep that no stage writes must be
     committed and not ignored, or `dvc exp run --queue` fails in a clean checkout."""
-    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    written = {path for stage in stages.values() for path in declared_outputs(stage)}
-    needed = {"dvc.yaml", "params.yaml", *(str(p.relative_to(REPO)) for p in (REPO / "stages").glob("*.py"))}
+    stages = resolved_stages(REPO)
+    written = {path for stage in stages.values() for path in stage["outs"]}
+    needed = {"dvc.yaml", "params.yaml", *(str(p.relative_to(REPO)) for p in (REPO / "stages").rglob("*.py"))}
     for stage in stages.values():
-        needed |= {dep for dep in stage.get("deps", []) if not any(under(dep, out) for out in written)}
+        # a dep written by a stage, or a folder of stages' outputs (evaluate's predictions/), comes from dvc
+        needed |= {dep for dep in stage["deps"] if not any(under(dep, out) or under(out, dep) for out in written)}
     tracked = set(run(["git", "ls-files", "--", *sorted(needed)], REPO).stdout.split())
     untracked = sorted(path for path in needed if path not in tracked)
     assert not untracked, f"not committed to git, so queued/temp experiments cannot see them: {untracked}"
@@ -145,16 +145,21 @@ def test_everything_the_pipeline_reads_is_tracked_by_git():
     assert not ignored, f"ignored by .gitignore, so queued/temp experiments cannot see them: {ignored}"
 
 
-def declared_plots(stages):
-    for stage in stages.values():
-        for entry in stage.get("plots", []):
-            yield next(iter(entry)) if isinstance(entry, dict) else entry
+def resolved_stages(repo):
+    """{stage name: {"outs": [...], "plots": [...], "deps": [...]}} as DVC reads dvc.yaml in repo,
+    foreach expanded (train@0, train@1, ...): outs holds every declared output, metrics and
+    plots included."""
+    from dvc.repo import Repo
+
+    with Repo(str(repo)) as dvc_repo:
+        return {stage.addressing: {"outs": [out.def_path for out in stage.outs],
+                                   "plots": [out.def_path for out in stage.outs if out.plot],
+                                   "deps": [dep.def_path for dep in stage.deps]}
+                for stage in dvc_repo.index.stages}
 
 
-def declared_outputs(stage):
-    for section in ("outs", "metrics", "plots"):
-        for entry in stage.get(section, []):
-            yield next(iter(entry)) if isinstance(entry, dict) else entry
+def declared_plots(repo):
+    return [plot for stage in resolved_stages(repo).values() for plot in stage["plots"]]
 
 
 def under(path, folder):

@@ -13,10 +13,9 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = {"fetch", "preprocess", "tokenize", "train", "evaluate"}
+STAGES = {"fetch", "preprocess", "tokenize", "split", "train@0", "evaluate"}  # cv.folds [0]: one fold
 # Small enough for CI; two epochs, so the curves of an experiment have points (2 evaluations per run).
-TINY_PARAMS = dict(preprocess__id_column="id", train__epochs=2, train__batch_size=16,
-                   train__lr=3e-3, evaluate__batch_size=32)
+TINY_PARAMS = dict(preprocess__id_column="id", train__epochs=2, train__batch_size=16, train__lr=3e-3)
 PROJECT_FILES = ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore")
 
 
@@ -88,12 +87,14 @@ def test_first_repro_runs_every_stage_and_writes_outputs(pipeline):
     repo, ran = pipeline
     assert ran == STAGES
     for path in ["data/raw/train.csv", "data/raw/test.csv", "data/processed/labels.json",
-                 "data/processed/val.csv", "data/tokenized/train.safetensors",
-                 "models/model/model.safetensors", "models/model/tokenizer.json",
-                 "reports/tokenize/lengths.json", "reports/train/metrics.json",
-                 "reports/evaluate/confusion_val.csv", "submission/submission.csv"]:
+                 "data/split/folds.csv", "data/tokenized/train.safetensors",
+                 "models/fold-0/model.safetensors", "models/fold-0/tokenizer.json",
+                 "predictions/fold-0/oof.csv", "predictions/fold-0/test.csv",
+                 "reports/tokenize/lengths.json", "reports/train/fold-0/metrics.json",
+                 "reports/evaluate/confusion_val.csv", "submission/submission.csv",
+                 "submission/probabilities.csv"]:
         assert (repo / path).is_file(), path
-    config = json.loads((repo / "models/model/config.json").read_text())
+    config = json.loads((repo / "models/fold-0/config.json").read_text())
     assert sorted(config["id2label"].values()) == ["negative", "neutral", "positive"]
     assert json.loads((repo / "reports/tokenize/lengths.json").read_text())["train"]["max"] > 5
     assert not list(repo.glob("**/.*.tmp-*")), "a temp folder was left behind"
@@ -102,12 +103,16 @@ def test_first_repro_runs_every_stage_and_writes_outputs(pipeline):
 def test_model_learns_and_metrics_are_reported(pipeline):
     repo, _ = pipeline
     shown = json.loads(dvc("metrics", "show", "--json", cwd=repo).stdout)[""]["data"]
-    assert shown["reports/train/metrics.json"]["data"]["eval"]["f1_macro"] >= 0.8
+    assert shown["reports/train/fold-0/metrics.json"]["data"]["eval"]["f1_macro"] >= 0.8
     assert "p99" in shown["reports/tokenize/lengths.json"]["data"]["train"]
     evaluation = json.loads((repo / "reports/evaluate/metrics.json").read_text())
     # three classes: chance is about 0.33; the keyword data is easy for a model that learns
     assert evaluation["val"]["accuracy"] >= 0.8, evaluation
     assert evaluation["test"]["f1_macro"] >= 0.8, evaluation
+    assert "oof" not in evaluation and "cv" not in evaluation  # one fold: a holdout score, as before
+    # the holdout score is the one training reported for its last evaluation: the same predictions
+    assert evaluation["val"]["f1_macro"] == pytest.approx(
+        shown["reports/train/fold-0/metrics.json"]["data"]["eval"]["f1_macro"], abs=1e-4)
 
 
 def test_submission_has_one_row_per_test_id(pipeline, tiny_data_dir):
@@ -123,15 +128,30 @@ def test_plots_render(pipeline):
     repo, _ = pipeline
     dvc("plots", "show", "-o", "plots_out", cwd=repo)
     page = (repo / "plots_out/index.html").read_text()
-    assert "Confusion matrix (validation)" in page and "f1_macro" in page and "learning_rate" in page
+    assert "Confusion matrix (validation rows" in page and "f1_macro" in page and "learning_rate" in page
 
 
 def test_only_affected_stages_rerun(pipeline):
     repo, _ = pipeline
     assert repro(repo) == set()
     set_params(repo, train__lr=2e-3)
-    assert repro(repo) == {"train", "evaluate"}
+    assert repro(repo) == {"train@0", "evaluate"}
     set_params(repo, tokenize__max_length=8)  # short enough to cut the tiny texts
-    assert repro(repo) == {"tokenize", "train", "evaluate"}
+    assert repro(repo) == {"tokenize", "train@0", "evaluate"}
+    set_params(repo, split__val_size=0.2)
+    assert repro(repo) == {"split", "train@0", "evaluate"}
+
+
+def test_padding_free_batches_train_as_well(pipeline):
+    repo, _ = pipeline
+    padded = json.loads((repo / "reports/evaluate/metrics.json").read_text())["val"]
+    set_params(repo, train__unpadded=True)
+    # evaluate reruns only if the probabilities changed: on this easy data they may agree to 7 digits
+    assert repro(repo) - {"evaluate"} == {"train@0"}
+    packed = json.loads((repo / "reports/evaluate/metrics.json").read_text())["val"]
+    # the same model and data in the same order; only bf16 rounding differs, so nearly the same scores
+    assert packed["accuracy"] == pytest.approx(padded["accuracy"], abs=0.1), (padded, packed)
+    speed = json.loads((repo / "reports/train/fold-0/metrics.json").read_text())["speed"]
+    assert speed["padding_fraction"] == 0, speed
     set_params(repo, preprocess__replace_mentions=False)
     assert repro(repo) == STAGES - {"fetch"}

@@ -3,7 +3,7 @@ import pytest
 
 from stages.common import PipelineError, read_csv, write_csv
 from stages.preprocess import (check_known_labels, clean_frame, clean_text, require_columns,
-                               row_numbers, sort_labels, split_train_val, unify_numeric_labels)
+                               row_numbers, sort_labels, unify_numeric_labels)
 
 ALL_ON = dict(lowercase=True, unescape_html=True, replace_urls=True, replace_mentions=True,
               normalize_whitespace=True)
@@ -52,16 +52,6 @@ def test_sort_labels_numeric_then_text():
     assert sort_labels(["pos", "neg", "neu"]) == ["neg", "neu", "pos"]
 
 
-def test_split_is_stratified_seeded_and_keeps_singletons_in_train():
-    df = pd.DataFrame({"text": [f"t{i}" for i in range(101)], "label": ["a"] * 60 + ["b"] * 40 + ["c"]})
-    train, val = split_train_val(df, 0.2, seed=3)
-    again_train, _ = split_train_val(df, 0.2, seed=3)
-    assert train["text"].tolist() == again_train["text"].tolist()
-    assert set(train["text"]).isdisjoint(val["text"]) and len(train) + len(val) == 101
-    assert val["label"].value_counts().to_dict() == {"a": 12, "b": 8}
-    assert "c" in set(train["label"])
-
-
 def test_unseen_test_label_is_an_error():
     test = pd.DataFrame({"label": ["a", "z", ""]})
     with pytest.raises(PipelineError, match=r"test.csv: label\(s\) \['z'\] never occur in the training data"):
@@ -94,19 +84,6 @@ def test_unify_numeric_labels_prefers_train_spelling_then_most_common():
     assert unified.tolist() == ["1.0", "1.0", "1.0", "1.0", "2", "x", "1.0"]
     unified, merged = unify_numeric_labels(pd.Series(["1.00", "3", ""]), known=["1", "2"])
     assert (unified.tolist(), merged) == (["1", "3", ""], {"1.00": "1"})
-
-
-def test_split_gives_every_class_a_validation_row_when_val_size_is_too_small():
-    # sklearn alone raises here: "The test_size = 1 should be greater or equal to the number of classes = 3"
-    df = pd.DataFrame({"text": [f"t{i}" for i in range(9)], "label": ["a", "b", "c"] * 3})
-    train, val = split_train_val(df, 0.1, seed=0)
-    assert sorted(val["label"]) == ["a", "b", "c"] and sorted(set(train["label"])) == ["a", "b", "c"]
-
-
-def test_split_leaves_train_every_class_when_val_size_is_too_large():
-    df = pd.DataFrame({"text": [f"t{i}" for i in range(6)], "label": ["a", "b", "c"] * 2})
-    train, val = split_train_val(df, 0.9, seed=0)
-    assert sorted(train["label"]) == sorted(val["label"]) == ["a", "b", "c"]
 
 
 def test_row_numbers_count_the_header_and_cap_the_list():

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from stages import checkpoint
+from stages import checkpoint, folds
 from stages.speed import EpochSeededLengthGroupedSampler
 from tests.test_pipeline import dvc, init_pipeline_repo, stage_env
 
@@ -26,13 +26,14 @@ RESUME_PARAMS = dict(train__epochs=8, train__checkpoint_steps=5)
 STEPS_PER_EPOCH = 9
 TOTAL_STEPS = 8 * STEPS_PER_EPOCH
 WAIT_S = 120  # for a checkpoint to appear, or for a stopped `dvc repro` to end
+CHECKPOINTS = folds.outputs(0)["checkpoints"]  # one fold (cv.folds [0]): train@0's checkpoints
 
 
 def tokenized_repo(root, data_dir, model_dir, **params):
-    """A committed pipeline repo (tests.test_experiments.init_pipeline_repo) after `dvc repro
-    tokenize`: copies of it train with no stage before train left to run."""
+    """A committed pipeline repo (tests.test_pipeline.init_pipeline_repo) after `dvc repro
+    tokenize split`: copies of it train with no stage before train left to run."""
     repo = init_pipeline_repo(root, data_dir, model_dir, **params)
-    dvc("repro", "tokenize", cwd=repo)
+    dvc("repro", "tokenize", "split", cwd=repo)
     return repo
 
 
@@ -51,7 +52,7 @@ def shell_less_env():
 
 
 def complete_checkpoint(repo, min_step):
-    found = checkpoint.checkpoints(repo / checkpoint.FOLDER)
+    found = checkpoint.checkpoints(repo / CHECKPOINTS)
     return any(step >= min_step and checkpoint.progress(path) for step, path in found.items())
 
 
@@ -84,7 +85,7 @@ def interrupt_training(repo, signum):
         deadline = time.monotonic() + WAIT_S
         while not complete_checkpoint(repo, STEPS_PER_EPOCH + 1):
             assert process.poll() is None, f"dvc ended before a checkpoint:\n{process.communicate()[0]}"
-            assert time.monotonic() < deadline, f"no checkpoint in {repo / checkpoint.FOLDER} after {WAIT_S}s"
+            assert time.monotonic() < deadline, f"no checkpoint in {repo / CHECKPOINTS} after {WAIT_S}s"
             time.sleep(0.02)
         target = train_process(process)
         assert target is not None, "no stages.train process under dvc"
@@ -99,12 +100,12 @@ def interrupt_training(repo, signum):
 
 
 def weights(repo):
-    return load_file(repo / "models/model/model.safetensors")
+    return load_file(repo / "models/fold-0/model.safetensors")
 
 
 def curve(repo, name):
-    """(step, value) rows of a dvclive curve in reports/train (columns: step, value)."""
-    lines = (repo / f"reports/train/plots/metrics/{name}.tsv").read_text().splitlines()[1:]
+    """(step, value) rows of a dvclive curve in reports/train/fold-0 (columns: step, value)."""
+    lines = (repo / f"reports/train/fold-0/plots/metrics/{name}.tsv").read_text().splitlines()[1:]
     return [(int(step), float(value)) for step, value in (line.split("\t") for line in lines)]
 
 
@@ -139,16 +140,16 @@ def test_a_stopped_run_resumes_and_ends_as_an_uninterrupted_one(repos, tmp_path,
     base, reference = repos
     repo = copy_repo(base, tmp_path / "repo")
     stopped = interrupt_training(repo, signum)
-    assert not (repo / "models/model").exists()
+    assert not (repo / "models/fold-0").exists()
     rerun = dvc("repro", "train", cwd=repo).stdout
-    resumed = re.search(r"resuming from checkpoints/train/checkpoint-(\d+): step (\d+) of (\d+)", rerun)
+    resumed = re.search(r"resuming from checkpoints/fold-0/checkpoint-(\d+): step (\d+) of (\d+)", rerun)
     assert resumed, rerun
     step, total = int(resumed[2]), int(resumed[3])
     assert int(resumed[1]) == step and STEPS_PER_EPOCH < step < total == TOTAL_STEPS
     assert "ignoring" not in rerun
     if signum == signal.SIGTERM:  # caught: a checkpoint of the step it was in, then exit 128 + 15
         assert "SIGTERM: saving a checkpoint after this step" in stopped, stopped
-        assert (f"stopped by SIGTERM at step {step} of {total}; saved a checkpoint in checkpoints/train: "
+        assert (f"stopped by SIGTERM at step {step} of {total}; saved a checkpoint in checkpoints/fold-0: "
                 "rerun to resume from it") in stopped, stopped
         assert "exited with 143" in stopped, stopped
 
@@ -163,8 +164,8 @@ def test_a_stopped_run_resumes_and_ends_as_an_uninterrupted_one(repos, tmp_path,
             first_after = next(i for i, (s, _) in enumerate(got) if s > step)
             del got[first_after], expected[first_after]
         assert [v for _, v in got] == pytest.approx([v for _, v in expected], rel=1e-5, abs=1e-7), name
-    assert not (repo / checkpoint.FOLDER).exists(), "checkpoints are removed after a successful run"
-    assert not list(repo.glob("models/.model.*")), "a temp folder was left behind"
+    assert not (repo / CHECKPOINTS).exists(), "checkpoints are removed after a successful run"
+    assert not list(repo.glob("models/.fold-0.*")), "a temp folder was left behind"
 
 
 def make_checkpoint(folder, step, total=10, complete=True):

@@ -2,11 +2,11 @@
 max_length auto and the throughput counters. Speed itself is measured by bench/benchmark.py."""
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
-from stages.common import PipelineError, load_params, pack_sequences
-from stages.speed import CountingTrainer, Throughput, choose_batch_size, cuda_fits, find_batch_size
+from stages.common import PipelineError, load_params, pack_sequences, unpack_sequences
+from stages.speed import CountingTrainer, Throughput, choose_batch_size, cpu_has_bf16, cuda_fits, find_batch_size
 from stages.tokenize import auto_max_length, model_limit
 from stages.train import TRAIN_PARAMS, TokenizedDataset, make_collator, training_arguments
 
@@ -20,11 +20,13 @@ def tiny_classifier(tiny_model_dir):
 
 
 def dataset_file(tmp_path, tokenizer, n):
-    """A tokenized split of n texts of 1 to 16 words whose label is its own index."""
+    """A tokenized split of n texts of 1 to 16 words whose label is its own index, loaded as the
+    train stage loads one (all rows of data/tokenized/train.safetensors)."""
     texts = [" ".join(WORDS[: 1 + (i * 7) % 16]) for i in range(n)]
     path = tmp_path / "train.safetensors"
     save_file(pack_sequences(tokenizer(texts)["input_ids"], list(range(n))), path)
-    return path
+    sequences, labels = unpack_sequences(load_file(path))
+    return TokenizedDataset.rows(sequences, labels, range(n))
 
 
 def train_params(**changes):
@@ -56,8 +58,7 @@ def padding_fraction(batches, lengths):
 
 
 def test_length_grouping_yields_every_example_once_per_epoch(tmp_path, tokenizer, tiny_classifier):
-    path = dataset_file(tmp_path, tokenizer, 203)  # not a multiple of the batch size
-    dataset = TokenizedDataset(path)
+    dataset = dataset_file(tmp_path, tokenizer, 203)  # not a multiple of the batch size
     lengths = [len(s) for s in dataset.sequences]
 
     def trainer(group_by_length):
@@ -75,9 +76,11 @@ def test_length_grouping_yields_every_example_once_per_epoch(tmp_path, tokenizer
     assert padding_fraction(first, lengths) < padding_fraction(random_order, lengths) / 2
 
 
-def test_cpu_keeps_fp32_and_the_main_process(tmp_path):
+def test_cpu_trains_in_bf16_only_where_it_has_bf16_and_in_the_main_process(tmp_path):
     args = training_arguments(train_params(mixed_precision=True, loader_workers=2), str(tmp_path), "cpu", 8, 4)
-    assert not args.bf16 and not args.fp16
+    assert args.bf16 == cpu_has_bf16() and not args.fp16
+    off = training_arguments(train_params(mixed_precision=False), str(tmp_path), "cpu", 8, 4)
+    assert not off.bf16 and not off.fp16
     assert args.dataloader_num_workers == 0 and not args.dataloader_pin_memory
     assert args.gradient_accumulation_steps == 4 and args.optim == "adamw_torch_fused"
 
@@ -114,8 +117,9 @@ def test_batch_finder_reports_what_fits_when_nothing_or_too_much_is_asked():
     with pytest.raises(PipelineError, match=r"batch_size 32 with texts of 64 .*the largest batch that fits is 16"):
         choose_batch_size(32, 32, fits, seq_len=64)
     assert choose_batch_size(8, 32, fits, seq_len=64) == (8, 4)
-    with pytest.raises(PipelineError, match="train.batch_size must be auto or a whole number >= 1, not 'big'"):
-        choose_batch_size("big", 32, fits, seq_len=64)
+    with pytest.raises(PipelineError, match=r"train.batch_size 12 does not divide the 32 examples .* use auto or "
+                                            r"one of 1, 2, 4, 8, 16, 32$"):
+        choose_batch_size(12, 32, fits, seq_len=64)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="probes real GPU memory")
@@ -146,8 +150,7 @@ def test_model_limit_is_the_smaller_of_tokenizer_and_positions(tokenizer, tiny_m
 
 def test_throughput_counts_every_example_and_real_token(tmp_path, tokenizer, tiny_model_dir):
     model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=3)
-    path = dataset_file(tmp_path, tokenizer, 40)
-    dataset = TokenizedDataset(path)
+    dataset = dataset_file(tmp_path, tokenizer, 40)
     dataset.labels = [i % 3 for i in range(40)]
     throughput = Throughput()
     args = training_arguments(train_params(epochs=2, warmup_ratio=0.0), str(tmp_path), "cpu", 8, 1)

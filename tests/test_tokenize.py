@@ -25,3 +25,19 @@ def test_length_stats():
 
 def test_label_ids_marks_missing_labels():
     assert label_ids(["b", "", "a"], ["a", "b"]) == [1, -1, 0]
+
+
+def test_chunked_flat_tokenizing_writes_the_bytes_of_one_list_per_text(tokenizer):
+    # the stage tokenizes CHUNK texts at a time into flat arrays; the file must not depend on it
+    from safetensors.torch import save
+
+    from stages.tokenize import encode_flat, packed, truncate_flat
+
+    texts = [" ".join(["word"] * (i % 23)) + f" text {i}" for i in range(50)] + ["", "long " * 40]
+    labels = [i % 3 for i in range(len(texts))]
+    ids = tokenizer(texts, truncation=True, max_length=12)["input_ids"]  # the reference: one list per text
+    for chunk in (1, 7, 50, 1000):
+        flat, lengths = encode_flat(tokenizer, texts, chunk=chunk)
+        cut, cut_lengths = truncate_flat(tokenizer, texts, flat, lengths, 12)
+        assert save(packed(cut, cut_lengths, labels)) == save(pack_sequences(ids, labels)), chunk
+    assert all(len(seq) <= 12 and seq[-1] == tokenizer.sep_token_id for seq in ids)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The tests, set up from nothing on a fresh Debian or Ubuntu machine with Python 3.10+ and git:
+# the system packages (scripts/install-system-packages.sh: Chromium, as root or through sudo),
+# a virtualenv in .venv with requirements-dev.txt, then pytest. A second run installs nothing
+# new. Arguments go to pytest:  bash scripts/test.sh -k cv -x
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' || {
+  echo "error: the tests need Python 3.10 or newer; python3 is $(python3 --version 2>&1)" >&2; exit 1; }
+bash scripts/install-system-packages.sh
+[ -x .venv/bin/python ] || python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+if ! python -c "import torch" 2>/dev/null && ! [ -e /proc/driver/nvidia/version ]; then
+  # no GPU: PyTorch's CPU build (about 200 MB) instead of the CUDA build pip picks by default (several GB);
+  # where that index cannot be reached, pip takes torch from the usual index with the rest
+  python -m pip install -q --retries 1 --timeout 20 torch --index-url https://download.pytorch.org/whl/cpu \
+    || echo "download.pytorch.org/whl/cpu cannot be reached: installing torch from your package index"
+fi
+python -m pip install -q -r requirements-dev.txt
+. /etc/os-release
+if [ "${ID:-}" = ubuntu ] && ! command -v chromium >/dev/null; then
+  python -m playwright install --with-deps chromium  # Ubuntu's own chromium is a snap
+fi
+exec python -m pytest "$@"

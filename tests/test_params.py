@@ -1,0 +1,91 @@
+"""Every key of params.yaml, given a value it does not allow, stops the stage that reads it before
+that stage reads any data: exit code 1, one `error:` line naming the key, no traceback, nothing
+written. Each case runs the real `python -m stages.<stage>` in an empty folder holding only the
+repository's params.yaml with that one value changed."""
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+NOT_A_BOOL = "maybe"
+BOOLEANS = ["preprocess.lowercase", "preprocess.unescape_html", "preprocess.replace_urls",
+            "preprocess.replace_mentions", "preprocess.normalize_whitespace", "preprocess.drop_duplicates",
+            "model.trust_remote_code", "train.group_by_length", "train.mixed_precision", "train.tf32",
+            "train.fused_adamw", "train.pin_memory", "train.unpadded"]
+# key: the values outside what it allows (zero, negative, too large, a wrong word or kind, as applies)
+BAD_VALUES = {
+    "fetch.source": [5], "fetch.train_file": [5], "fetch.test_file": [5], "fetch.sha256": [5],
+    "fetch.timeout": [0, -1], "fetch.retries": [-1, 101, 1.5],
+    "preprocess.text_column": [5], "preprocess.label_column": [["a"]], "preprocess.id_column": [5],
+    "model.name": [5],
+    "tokenize.max_length": [1, 0, "longest"], "tokenize.length_percentile": [0, 101],
+    "cv.folds": [0, 3, [], [1, 2]],
+    "split.val_size": [0, 1, -0.1], "split.seed": [-1, 2**32],
+    "train.epochs": [0, -1], "train.batch_size": [0, "max", 7], "train.effective_batch_size": [0],
+    "train.lr": [0, 2, "fast"], "train.weight_decay": [-0.1, 1.5], "train.warmup_ratio": [1, -0.1],
+    "train.max_grad_norm": [-1], "train.seed": [-1, 2**32], "train.loader_workers": [-1],
+    "train.checkpoint_steps": [0], "train.num_processes": [0],
+    **{key: [NOT_A_BOOL] for key in BOOLEANS},
+}
+# the stage that checks each section first (dvc.yaml lists every stage that reads it)
+STAGE_OF = {"fetch": "fetch", "preprocess": "preprocess", "model": "tokenize", "tokenize": "tokenize",
+            "cv": "split", "split": "split", "train": "train"}
+
+
+def params_keys():
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    return {f"{section}.{key}" for section, values in params.items() for key in values}
+
+
+def test_every_key_has_bad_values():
+    assert set(BAD_VALUES) == params_keys()
+
+
+def run_stage_with(tmp_path, key, value):
+    section, name = key.split(".")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params[section][name] = value
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run([sys.executable, "-m", f"stages.{STAGE_OF[section]}"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+CASES = [(key, value) for key, values in BAD_VALUES.items() for value in values]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{(key, repr(value)): (its folder, the finished stage)} for every case, run as many at a time
+    as there are cores: most of each run is the stage importing torch and transformers."""
+    def run(case):
+        folder = tmp_path_factory.mktemp("params")
+        return (case[0], repr(case[1])), (folder, run_stage_with(folder, *case))
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        return dict(pool.map(run, CASES))
+
+
+@pytest.mark.parametrize("key, value", CASES)
+def test_a_value_out_of_range_stops_the_stage_with_one_line(runs, key, value):
+    tmp_path, result = runs[key, repr(value)]
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: params.yaml: ") and key in lines[0], result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"], "the stage wrote something"
+
+
+def test_the_error_says_what_is_allowed(tmp_path):
+    assert run_stage_with(tmp_path, "train.lr", 0).stderr == (
+        "error: params.yaml: train.lr must be a number above 0 and at most 1, not 0\n")
+    assert run_stage_with(tmp_path, "tokenize.max_length", "longest").stderr == (
+        "error: params.yaml: tokenize.max_length must be a whole number at least 2 or 'auto', not 'longest'\n")
+    assert run_stage_with(tmp_path, "train.batch_size", 7).stderr == (
+        "error: params.yaml: train.batch_size 7 does not divide the 32 examples each process takes per "
+        "optimizer step (train.effective_batch_size / train.num_processes): use auto or one of 1, 2, 4, 8, 16, 32\n")
