@@ -42,7 +42,7 @@ from stages.common import (SEEDS, PipelineError, Range, atomic_dir, interactive,
 from stages.progress import ProgressLog
 from stages.processes import agreed_batch_size, join_processes, per_process_batch
 from stages.speed import (CountingTrainer, Throughput, autocast_dtype, check_batch_size, out_of_memory_in_training,
-                          peak_memory, use_expandable_segments)
+                          peak_memory, precision_note, use_expandable_segments)
 
 TOKENIZED = Path("data/tokenized")
 LABELS = Path("data/processed/labels.json")
@@ -145,6 +145,9 @@ def training_arguments(params, output_dir, device, batch_size, accumulation):
         save_total_limit=1,  # the newest is all a resumed run needs
         logging_strategy="steps",
         logging_steps=0.02,  # a fraction: about 50 points on the loss curve whatever the data size
+        # on: every micro-batch Trainer asks the GPU whether the loss is nan, a wait for the host each step;
+        # off: a nan loss shows in the curve as nan instead of being averaged away
+        logging_nan_inf_filter=False,
         report_to="none",  # dvclive is attached explicitly, to write into reports/train/fold-K
         disable_tqdm=True,  # stages.progress prints instead: a bar on a terminal, lines in a log
     )
@@ -243,12 +246,13 @@ def main():
     say(f"batch: {batch_size} per step x {accumulation} accumulated" +
         (f" x {world_size} processes" if world_size > 1 else "") +
         f" = {batch_size * accumulation * world_size} per optimizer step; longest batch {seq_len} tokens; "
-        f"{str(dtype or torch.float32).removeprefix('torch.')}")
+        f"{str(dtype or torch.float32).removeprefix('torch.')}{precision_note(params['mixed_precision'], device)}")
 
     inputs = sorted(TOKENIZED.glob("*.safetensors")) + [LABELS, folds.FOLDS_CSV]
-    resume = checkpoint.prepare(checkpoint.fingerprint(params, model_name, world_size, batch_size, accumulation,
-                                                       checkpoint.file_digest(inputs)),
-                                out["checkpoints"], main_process=main_process)
+    trained_with = checkpoint.fingerprint(params, model_name, world_size, batch_size, accumulation,
+                                          checkpoint.file_digest(inputs))
+    trained_with["precision"] = str(dtype or torch.float32)  # train.mixed_precision may mean either, by machine
+    resume = checkpoint.prepare(trained_with, out["checkpoints"], main_process=main_process)
     live = open_live(resume, out["live"]) if main_process else None
     if live:  # the device this run was given: with a queue worker per GPU (README), which one each took
         live.summary.update(device=device, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -6,7 +6,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from stages.common import PipelineError, load_params, pack_sequences, unpack_sequences
-from stages.speed import CountingTrainer, Throughput, choose_batch_size, cpu_has_bf16, cuda_fits, find_batch_size
+from stages.speed import (BF16_MIN_SPEEDUP, CountingTrainer, Throughput, choose_batch_size, cpu_bf16_speedup,
+                          cpu_has_bf16, cuda_fits, find_batch_size, precision_note)
 from stages.tokenize import auto_max_length, model_limit
 from stages.train import TRAIN_PARAMS, TokenizedDataset, make_collator, training_arguments
 
@@ -76,9 +77,11 @@ def test_length_grouping_yields_every_example_once_per_epoch(tmp_path, tokenizer
     assert padding_fraction(first, lengths) < padding_fraction(random_order, lengths) / 2
 
 
-def test_cpu_trains_in_bf16_only_where_it_has_bf16_and_in_the_main_process(tmp_path):
+def test_cpu_trains_in_bf16_only_where_bf16_is_faster_and_in_the_main_process(tmp_path):
     args = training_arguments(train_params(mixed_precision=True, loader_workers=2), str(tmp_path), "cpu", 8, 4)
-    assert args.bf16 == cpu_has_bf16() and not args.fp16
+    faster = cpu_has_bf16() and cpu_bf16_speedup() >= BF16_MIN_SPEEDUP
+    assert args.bf16 == faster and not args.fp16
+    assert (precision_note(True, "cpu") != "") == (cpu_has_bf16() and not faster)
     off = training_arguments(train_params(mixed_precision=False), str(tmp_path), "cpu", 8, 4)
     assert not off.bf16 and not off.fp16
     assert args.dataloader_num_workers == 0 and not args.dataloader_pin_memory
