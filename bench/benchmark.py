@@ -44,7 +44,9 @@ from transformers import logging as hf_logging
 from transformers.trainer_callback import PrinterCallback
 
 from bench.tokenize_memory import tokenize_memory
-from stages.common import load_params, pack_sequences, read_csv, resolve_model, unpack_sequences
+from stages.common import load_params, pack_sequences, unpack_sequences
+from stages.csvfiles import read_csv
+from stages.models import resolve_model
 from stages.fetch import write_builtin
 from stages.preprocess import CLEANING_SWITCHES, PREPROCESS_PARAMS, clean_frame
 from stages.speed import (CountingTrainer, Throughput, autocast_dtype, cpu_bf16_speedup, cpu_has_bf16, peak_memory,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from stages.common import write_csv
+from stages.csvfiles import write_csv
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,10 +13,17 @@ bash scripts/install-system-packages.sh
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 if ! python -c "import torch" 2>/dev/null && ! [ -e /proc/driver/nvidia/version ]; then
-  # no GPU: PyTorch's CPU build (about 200 MB) instead of the CUDA build pip picks by default (several GB);
-  # where that index cannot be reached, pip takes torch from the usual index with the rest
-  python -m pip install -q --retries 1 --timeout 20 torch --index-url https://download.pytorch.org/whl/cpu \
-    || echo "download.pytorch.org/whl/cpu cannot be reached: installing torch from your package index"
+  # No GPU: a CPU-only build of PyTorch (about 200 MB) instead of the CUDA build pip picks by default
+  # (several GB). The newest one pip's own sources offer (a mirror or wheel folder in its config),
+  # else PyTorch's CPU index; else pip takes torch with the rest, whatever build its index has.
+  cpu_build=$(python -m pip index versions torch 2>/dev/null | sed -n 's/^Available versions: //p' \
+              | tr ',' '\n' | tr -d ' ' | grep '+cpu$' | head -n 1 || true)
+  if [ -n "$cpu_build" ]; then
+    python -m pip install -q "torch==$cpu_build"
+  else
+    python -m pip install -q --retries 1 --timeout 20 torch --index-url https://download.pytorch.org/whl/cpu \
+      || echo "download.pytorch.org/whl/cpu cannot be reached: installing torch from your package index"
+  fi
 fi
 python -m pip install -q -r requirements-dev.txt
 . /etc/os-release

@@ -22,7 +22,8 @@ import pandas as pd
 from sklearn.metrics import accuracy_score, f1_score, precision_recall_fscore_support
 
 from stages import folds
-from stages.common import PipelineError, atomic_dir, read_csv, run_main, write_csv, write_json
+from stages.common import PipelineError, atomic_dir, run_main, write_json
+from stages.csvfiles import read_csv, write_csv
 
 PROCESSED = Path("data/processed")
 REPORTS = Path("reports/evaluate")

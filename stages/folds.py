@@ -6,7 +6,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from stages.common import PipelineError, read_csv
+from stages.common import PipelineError
+from stages.csvfiles import read_csv
 
 FOLDS_CSV = Path("data/split/folds.csv")
 PREDICTIONS = Path("predictions")  # predictions/fold-<k>/{oof,test}.csv

@@ -16,8 +16,8 @@ from decimal import Decimal
 from pathlib import Path
 
 import pandas as pd
-from stages.common import (PipelineError, atomic_dir, load_params, read_csv, run_main, write_csv,
-                           write_json)
+from stages.common import PipelineError, atomic_dir, load_params, run_main, write_json
+from stages.csvfiles import read_csv, write_csv
 
 TRAIN_CSV = Path("data/raw/train.csv")
 TEST_CSV = Path("data/raw/test.csv")

@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 from sklearn.model_selection import StratifiedKFold, train_test_split
 
-from stages.common import SEEDS, PipelineError, Range, atomic_dir, load_params, read_csv, run_main, write_csv
+from stages.common import SEEDS, PipelineError, Range, atomic_dir, load_params, run_main
+from stages.csvfiles import read_csv, write_csv
 
 TRAIN_CSV = "data/processed/train.csv"
 OUT = "data/split"

@@ -20,8 +20,9 @@ from safetensors.torch import save_file
 import transformers
 from transformers import AutoConfig, AutoTokenizer
 
-from stages.common import (PipelineError, Range, atomic_dir, interactive, load_params, model_params, read_csv,
-                           resolve_model, run_main, write_json)
+from stages.common import PipelineError, Range, atomic_dir, interactive, load_params, run_main, write_json
+from stages.csvfiles import read_csv
+from stages.models import model_params, resolve_model
 
 PROCESSED = Path("data/processed")
 OUT = Path("data/tokenized")

@@ -37,8 +37,9 @@ from transformers.trainer_callback import PrinterCallback
 from transformers.utils import is_torch_tf32_available
 
 from stages import checkpoint, folds, unpadded
-from stages.common import (SEEDS, PipelineError, Range, atomic_dir, interactive, load_params, model_params,
-                           resolve_model, run_main, unpack_sequences)
+from stages.common import (SEEDS, PipelineError, Range, atomic_dir, interactive, load_params, run_main,
+                           unpack_sequences)
+from stages.models import model_params, resolve_model
 from stages.progress import ProgressLog
 from stages.processes import agreed_batch_size, join_processes, per_process_batch
 from stages.speed import (CountingTrainer, Throughput, autocast_dtype, check_batch_size, out_of_memory_in_training,

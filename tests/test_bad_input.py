@@ -16,7 +16,8 @@ import pytest
 import yaml
 from huggingface_hub import constants
 
-from stages.common import PipelineError, resolve_model
+from stages.common import PipelineError
+from stages.models import resolve_model
 from tests.http_servers import refused_url, send, serve
 
 REPO = Path(__file__).resolve().parents[1]
@@ -439,3 +440,20 @@ def test_tokenize_stage_reports_the_model_name_in_one_line(tmp_path):
     assert result.stderr.startswith("error: model.name 'nobody/nothing' is neither a builtin model")
     assert result.stderr.count("\n") == 1 and f"{endpoint} cannot be reached" in result.stderr
     assert not (tmp_path / "data/tokenized").exists()
+
+
+def test_max_length_above_what_the_model_takes(tmp_path, tiny_model_dir):
+    # the tiny model has 128 positions: 512 used to end in a traceback inside the model's embeddings
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    params["model"]["name"], params["tokenize"]["max_length"] = str(tiny_model_dir), 512
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    (tmp_path / "data/processed").mkdir(parents=True)
+    (tmp_path / "data/processed/labels.json").write_text('["a", "b"]')
+    (tmp_path / "data/processed/train.csv").write_text("text,label\nhello,a\nworld,b\n")
+    result = subprocess.run([sys.executable, "-m", "stages.tokenize"], cwd=tmp_path, timeout=120,
+                            env=stage_env(), capture_output=True, text=True)
+    assert (result.returncode, result.stderr) == (1, (
+        f"error: params.yaml: tokenize.max_length 512 is more than model.name '{tiny_model_dir}' takes (128 "
+        "tokens): set it to at most 128, or auto\n")), result.stdout + result.stderr
+    assert not (tmp_path / "data/tokenized").exists() and not (tmp_path / "reports").exists()

@@ -1,7 +1,10 @@
+import numpy as np
+import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding
 
-from stages.evaluate import classification_metrics
+from stages.common import PipelineError
+from stages.evaluate import classification_metrics, combine_out_of_fold, mean_test_probabilities, spread
 from stages.train import predict_logits
 
 
@@ -22,3 +25,19 @@ def test_sorted_dynamic_batches_give_the_logits_of_max_length_padding(tiny_model
     with torch.no_grad():
         reference = model(**padded).logits
     assert torch.allclose(dynamic, reference, atol=1e-5)
+
+
+def test_out_of_fold_rows_are_combined_in_row_order_and_checked_against_the_split():
+    row_folds = np.array([1, 0, 1, 0, -1])
+    oof = [(np.array([3, 1]), np.array([[0.9, 0.1], [0.2, 0.8]])), (np.array([0, 2]), np.array([[0.6, 0.4], [0.3, 0.7]]))]
+    rows, probs = combine_out_of_fold(row_folds, oof)
+    assert rows.tolist() == [0, 1, 2, 3] and probs[:, 0].tolist() == [0.6, 0.2, 0.3, 0.9]
+    with pytest.raises(PipelineError, match=r"predictions/fold-0/oof.csv holds other rows than fold 0"):
+        combine_out_of_fold(np.array([1, 0, 0, 0, -1]), oof)
+    tests = [(np.arange(2), np.array([[0.2, 0.8], [1.0, 0.0]])), (np.arange(2), np.array([[0.6, 0.4], [0.0, 1.0]]))]
+    assert mean_test_probabilities(tests, 2).tolist() == [[0.4, 0.6], [0.5, 0.5]]
+    with pytest.raises(PipelineError, match=r"fold-0/test.csv does not hold the 3 rows"):
+        mean_test_probabilities(tests, 3)
+    summary = spread([{"accuracy": 0.8, "f1_macro": 0.7}, {"accuracy": 0.9, "f1_macro": 0.8}])
+    assert summary["f1_macro_mean"] == 0.75 and summary["f1_macro_std"] == round(float(np.std([0.7, 0.8], ddof=1)), 4)
+    assert summary["per_fold"] == {"0": {"accuracy": 0.8, "f1_macro": 0.7}, "1": {"accuracy": 0.9, "f1_macro": 0.8}}

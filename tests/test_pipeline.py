@@ -35,10 +35,11 @@ def dvc(*args, cwd, check=True):
     return run([sys.executable, "-m", "dvc", *args], cwd, check)
 
 
-def repro(cwd):
-    """Run `dvc repro`; return the set of stages it executed."""
-    out = dvc("repro", cwd=cwd).stdout
-    return set(re.findall(r"Running stage '([^']+)'", out))
+def repro(cwd, with_log=False):
+    """Run `dvc repro`; return the set of stages it executed (and the log, stdout and stderr)."""
+    result = dvc("repro", cwd=cwd)
+    ran = set(re.findall(r"Running stage '([^']+)'", result.stdout))
+    return (ran, result.stdout + result.stderr) if with_log else ran
 
 
 def set_params(cwd, **changes):
@@ -80,7 +81,9 @@ def pipeline(tmp_path_factory, tiny_data_dir, tiny_model_dir):
     after one full `dvc repro`. Yields (path, stages the first repro ran)."""
     repo = init_pipeline_repo(tmp_path_factory.mktemp("pipeline"), tiny_data_dir, tiny_model_dir,
                               train__epochs=10, train__effective_batch_size=16)
-    yield repo, repro(repo)
+    ran, log = repro(repo, with_log=True)
+    (repo.parent / "first-repro.log").write_text(log)  # for test_the_log_reads_top_to_bottom
+    yield repo, ran
 
 
 def test_first_repro_runs_every_stage_and_writes_outputs(pipeline):
@@ -98,6 +101,19 @@ def test_first_repro_runs_every_stage_and_writes_outputs(pipeline):
     assert sorted(config["id2label"].values()) == ["negative", "neutral", "positive"]
     assert json.loads((repo / "reports/tokenize/lengths.json").read_text())["train"]["max"] > 5
     assert not list(repo.glob("**/.*.tmp-*")), "a temp folder was left behind"
+
+
+def test_the_log_reads_top_to_bottom(pipeline):
+    # what dvc repro prints in a log file (here a pipe, as in `dvc queue logs` or CI): lines, no redraws
+    repo, _ = pipeline
+    log = (repo.parent / "first-repro.log").read_text()
+    assert "\r" not in log, "a progress bar redrew itself in the log"
+    assert "np.float" not in log and "{'loss'" not in log and "Traceback" not in log
+    for stage in STAGES:
+        assert re.search(rf"^{re.escape(stage)}: wrote \S+ \(.+\) in \d+\.\d s$", log, re.M), stage
+    steps = re.findall(r"^step (\d+)/(\d+) \((\d+)%\), loss [\d.]+, \d+:\d\d elapsed, \d+:\d\d left$", log, re.M)
+    assert 15 <= len(steps) <= 25 and steps[-1][0] == steps[-1][1], steps  # about one line per 5%
+    assert re.search(r"^epoch 10: validation accuracy [\d.]+, macro-F1 [\d.]+, loss [\d.]+$", log, re.M)
 
 
 def test_model_learns_and_metrics_are_reported(pipeline):

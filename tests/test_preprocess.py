@@ -1,7 +1,8 @@
 import pandas as pd
 import pytest
 
-from stages.common import PipelineError, read_csv, write_csv
+from stages.common import PipelineError
+from stages.csvfiles import read_csv, write_csv
 from stages.preprocess import (check_known_labels, clean_frame, clean_text, require_columns,
                                row_numbers, sort_labels, unify_numeric_labels)
 

@@ -12,7 +12,7 @@ from transformers import (AutoModelForSequenceClassification, BertConfig, BertFo
                           RobertaForSequenceClassification, Trainer, TrainingArguments)
 
 from stages import unpadded
-from stages.common import resolve_model
+from stages.models import resolve_model
 
 LONG = " ".join(["the flight was awful and late again but the crew were great"] * 12)
 

@@ -5,7 +5,8 @@ parses as preprocess reads it and has the columns.
 import hashlib
 import re
 
-from stages.common import PipelineError, read_csv
+from stages.common import PipelineError
+from stages.csvfiles import read_csv
 from stages.fetching.archives import list_files, pick
 from stages.fetching.failures import advice, page_text, shorten
 

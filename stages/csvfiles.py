@@ -1,0 +1,112 @@
+"""Reading and writing the pipeline's CSV files: any encoding a spreadsheet or scraper writes and
+any of the usual delimiters in, quoted UTF-8 out; every problem a one-line PipelineError naming
+the file."""
+import codecs
+import csv
+import io
+import re
+from pathlib import Path
+
+from stages.common import PipelineError
+
+
+CSV_DELIMITERS = ",;\t|"  # the candidates read_csv tries, comma first (it wins ties)
+
+
+def decode_csv_bytes(data, path):
+    """Bytes of a CSV as text: UTF-8 (a BOM is dropped), UTF-16 when it starts with its BOM (Excel's
+    "Unicode text"), else UTF-8 with each byte that is not UTF-8 read as cp1252, so a file that is
+    mostly UTF-8 keeps its UTF-8 characters. Prints where the first such byte is."""
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError as e:
+            raise PipelineError(f"{path}: starts with a UTF-16 mark but is not UTF-16 "
+                                f"(byte offset {e.start})") from None
+    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[bom:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        first = bom + e.start  # an offset in the file, BOM included
+    # surrogateescape turns each undecodable byte b into U+DC00+b; those become cp1252 characters
+    # (latin-1 for the five bytes cp1252 leaves undefined, so no byte is ever lost)
+    text = data[bom:].decode("utf-8", errors="surrogateescape")
+    escaped = re.compile("[\udc80-\udcff]")
+    count = len(escaped.findall(text))
+    text = escaped.sub(lambda m: _byte_as_cp1252(ord(m.group()) - 0xDC00), text)
+    line = data.count(b"\n", 0, first) + 1
+    start = max(data.rfind(b"\n", 0, first) + 1, first - 40)  # the line around it, 80 bytes at most
+    end = data.find(b"\n", first)
+    end = min(len(data) if end < 0 else end, first + 40)
+    context = data[start:end].decode("utf-8", errors="backslashreplace")
+    print(f"{path}: not UTF-8: {count} byte(s) read as cp1252, the first (0x{data[first]:02x}) at "
+          f"byte offset {first}, line {line}: {context}")
+    return text
+
+
+def _byte_as_cp1252(byte):
+    try:
+        return bytes([byte]).decode("cp1252")
+    except UnicodeDecodeError:
+        return bytes([byte]).decode("latin-1")
+
+
+def sniff_header(text):
+    """(delimiter, number of columns): the delimiter among CSV_DELIMITERS that splits the header
+    into the most fields. Only the header is looked at: texts hold commas and semicolons,
+    column names rarely do."""
+    def fields(delimiter):
+        try:
+            return len(next(csv.reader(io.StringIO(text), delimiter=delimiter), []))
+        except csv.Error:
+            return 0
+    delimiter = max(CSV_DELIMITERS, key=fields)
+    return delimiter, fields(delimiter)
+
+
+def read_csv(path, name=None):
+    """Read a CSV with every column as a string, so labels such as "NA" or "None" stay labels, not NaN.
+
+    The encoding (decode_csv_bytes) and the delimiter (sniff_header) are detected; a file that
+    is empty or does not parse is a PipelineError naming the file (as `name`, default its path).
+    """
+    import pandas  # here, not at the top: most stages that import this module need no pandas
+
+    name = name or path
+    data = Path(path).read_bytes()
+    text = decode_csv_bytes(data, name)
+    if not text.strip():
+        raise PipelineError(f"{name}: the file is empty ({len(data)} bytes): expected a header "
+                            "line naming the columns, then one row per example")
+    delimiter, columns = sniff_header(text)
+    if delimiter != ",":
+        print(f"{name}: columns are separated by {delimiter!r}, not commas")
+    if columns == 1:
+        # with one column a line of spaces is a text, which pandas would skip as a blank line
+        # (and the rows after it would shift); blank lines at the very end are not rows
+        text = text.rstrip("\r\n") + "\n"
+    try:
+        # io.StringIO does no newline translation: a bare "\r" inside a quoted text survives
+        df = pandas.read_csv(io.StringIO(text), sep=delimiter, dtype=str, keep_default_na=False,
+                             skip_blank_lines=columns > 1)
+    except pandas.errors.ParserError as e:
+        reason = str(e).strip().removeprefix("Error tokenizing data. C error: ")
+        unclosed = re.fullmatch(r"EOF inside string starting at row (\d+)", reason)
+        if unclosed:  # pandas counts rows from 0 at the header; messages here count from 1
+            reason = f"the double quote opened in row {int(unclosed[1]) + 1} is never closed"
+        raise PipelineError(f"{name}: not a valid CSV ({reason}); a text holding the delimiter "
+                            f"{delimiter!r} or a newline must be in double quotes") from None
+    if not isinstance(df.index, pandas.RangeIndex):
+        # pandas' rule: when the first row has more fields than the header, the extra one
+        # becomes the index; here that always means a text with an unquoted delimiter
+        raise PipelineError(f"{name}: line 2 has more fields than the header "
+                            f"({len(df.columns)}: {', '.join(map(repr, df.columns))}); a text "
+                            f"holding the delimiter {delimiter!r} must be in double quotes")
+    df.columns = [str(c).strip() for c in df.columns]  # "text, label" names the column "label"
+    return df
+
+
+def write_csv(df, path):
+    """UTF-8 CSV without the index. Every text field is quoted: a bare carriage return inside
+    an unquoted field (common in scraped text) would otherwise split the row when read back."""
+    df.to_csv(path, index=False, encoding="utf-8", quoting=csv.QUOTE_NONNUMERIC)

