@@ -426,6 +426,7 @@ def load_average():
 
 def main():
     opts = parse_args()
+    hf_logging.disable_progress_bar()  # a bar per model loaded would bury the rows
     if opts.gpu and not torch.cuda.is_available():
         sys.exit("--gpu: no CUDA GPU visible to torch")
     if opts.gpu and torch.cuda.device_count() > 1:  # Trainer would split each batch over all of them

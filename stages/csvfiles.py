@@ -11,6 +11,7 @@ from stages.common import PipelineError
 
 
 CSV_DELIMITERS = ",;\t|"  # the candidates read_csv tries, comma first (it wins ties)
+HEAD_SIZE = 1 << 16  # the start of a file, where sniff_header looks for the header
 
 
 def decode_csv_bytes(data, path):
@@ -64,31 +65,58 @@ def sniff_header(text):
     return delimiter, fields(delimiter)
 
 
+def scan_utf8(path, start=0, block=1 << 20):
+    """(whether the file from byte `start` on is UTF-8, whether it holds anything but whitespace),
+    read a MiB at a time: a big file is never held in memory for this."""
+    decoder, content = codecs.getincrementaldecoder("utf-8")(), False
+    with open(path, "rb") as f:
+        f.seek(start)
+        while piece := f.read(block):
+            content = content or not piece.isspace()
+            try:
+                decoder.decode(piece)
+            except UnicodeDecodeError:
+                return False, content
+    try:
+        decoder.decode(b"", final=True)  # a character cut off at the end of the file
+    except UnicodeDecodeError:
+        return False, content
+    return True, content
+
+
 def read_csv(path, name=None):
     """Read a CSV with every column as a string, so labels such as "NA" or "None" stay labels, not NaN.
 
     The encoding (decode_csv_bytes) and the delimiter (sniff_header) are detected; a file that
     is empty or does not parse is a PipelineError naming the file (as `name`, default its path).
+    A UTF-8 file, the usual case, is parsed by pandas straight from the disk, so memory holds the
+    rows read and not the file besides; other encodings are decoded in memory first.
     """
     import pandas  # here, not at the top: most stages that import this module need no pandas
 
     name = name or path
-    data = Path(path).read_bytes()
-    text = decode_csv_bytes(data, name)
-    if not text.strip():
-        raise PipelineError(f"{name}: the file is empty ({len(data)} bytes): expected a header "
-                            "line naming the columns, then one row per example")
-    delimiter, columns = sniff_header(text)
+    with open(path, "rb") as f:
+        start = f.read(HEAD_SIZE)
+    bom = len(codecs.BOM_UTF8) if start.startswith(codecs.BOM_UTF8) else 0
+    utf16 = start.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
+    utf8, has_content = (False, True) if utf16 else scan_utf8(path, bom)
+    text = None if utf8 else decode_csv_bytes(Path(path).read_bytes(), name)  # says where a byte is not UTF-8
+    head = start[bom:].decode("utf-8", errors="ignore") if utf8 else text[:HEAD_SIZE]
+    if not has_content or text is not None and (not text or text.isspace()):
+        raise PipelineError(f"{name}: the file is empty ({Path(path).stat().st_size} bytes): expected a "
+                            "header line naming the columns, then one row per example")
+    delimiter, columns = sniff_header(head)
     if delimiter != ",":
         print(f"{name}: columns are separated by {delimiter!r}, not commas")
     if columns == 1:
         # with one column a line of spaces is a text, which pandas would skip as a blank line
         # (and the rows after it would shift); blank lines at the very end are not rows
-        text = text.rstrip("\r\n") + "\n"
+        text = (text or Path(path).read_bytes()[bom:].decode("utf-8")).rstrip("\r\n") + "\n"
+    # no newline translation either way: a bare "\r" inside a quoted text survives
+    source = path if text is None else io.StringIO(text)
     try:
-        # io.StringIO does no newline translation: a bare "\r" inside a quoted text survives
-        df = pandas.read_csv(io.StringIO(text), sep=delimiter, dtype=str, keep_default_na=False,
-                             skip_blank_lines=columns > 1)
+        df = pandas.read_csv(source, sep=delimiter, dtype=str, keep_default_na=False,
+                             encoding="utf-8-sig" if bom else "utf-8", skip_blank_lines=columns > 1)
     except pandas.errors.ParserError as e:
         reason = str(e).strip().removeprefix("Error tokenizing data. C error: ")
         unclosed = re.fullmatch(r"EOF inside string starting at row (\d+)", reason)
@@ -110,3 +138,11 @@ def write_csv(df, path):
     """UTF-8 CSV without the index. Every text field is quoted: a bare carriage return inside
     an unquoted field (common in scraped text) would otherwise split the row when read back."""
     df.to_csv(path, index=False, encoding="utf-8", quoting=csv.QUOTE_NONNUMERIC)
+
+
+def read_csv_chunks(path, rows):
+    """DataFrames of `rows` rows of a CSV this pipeline wrote (write_csv: UTF-8, commas), every column
+    a string; the index counts rows from the file's first. For files too big to hold twice."""
+    import pandas
+
+    yield from pandas.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8", chunksize=rows)

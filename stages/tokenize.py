@@ -21,14 +21,14 @@ import transformers
 from transformers import AutoConfig, AutoTokenizer
 
 from stages.common import PipelineError, Range, atomic_dir, interactive, load_params, run_main, write_json
-from stages.csvfiles import read_csv
+from stages.csvfiles import read_csv_chunks
 from stages.models import model_params, resolve_model
 
 PROCESSED = Path("data/processed")
 OUT = Path("data/tokenized")
 METRICS = Path("reports/tokenize/lengths.json")
 SPLITS = ("train", "test")
-CHUNK = 8192  # texts per tokenizer call: big enough for its threads, small enough that its lists stay small
+CHUNK = 2048  # texts per tokenizer call: enough for its threads, few enough that its lists stay small
 # what each tokenize.* key accepts; load_params turns anything else into a one-line error
 TOKENIZE_PARAMS = {"max_length": (int, "auto", Range(2)),  # room for [CLS] and [SEP]
                    "length_percentile": (float, Range(0, 100, low_open=True))}
@@ -56,43 +56,85 @@ def encode(tokenizer, texts, **options):
     return encoded["input_ids"]
 
 
-def encode_flat(tokenizer, texts, chunk=CHUNK):
-    """(flat int32 token ids of every text, uncut, one after the other; int64 length of each)."""
-    flats, lengths = [], []
-    for start in range(0, len(texts), chunk):
-        ids = encode(tokenizer, texts[start:start + chunk], verbose=False)  # verbose: no >512 warning
+def chunks(items, size=CHUNK):
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def encode_flat(tokenizer, text_chunks, capacity):
+    """(flat int32 token ids of every text, uncut, one after the other; int64 length of each), from
+    texts given a list at a time. The ids go straight into one array of `capacity` ids, an upper
+    bound on what the texts make: memory it never fills is never touched, so it costs nothing,
+    and no second copy is made by joining chunks (a tokenizer that beats the bound is met with a
+    bigger array, a copy, rather than a failure)."""
+    flat, lengths, filled = np.empty(capacity, dtype=np.int32), [], 0
+    for texts in text_chunks:
+        ids = encode(tokenizer, texts, verbose=False)  # verbose=False: no warning for >512 tokens
         lengths.append(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)))
-        flats.append(np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths[-1].sum())))
-    return (np.concatenate(flats) if flats else np.empty(0, np.int32),
-            np.concatenate(lengths) if lengths else np.empty(0, np.int64))
+        total = int(lengths[-1].sum())
+        if filled + total > len(flat):
+            flat = np.resize(flat, 2 * (filled + total))
+        flat[filled:filled + total] = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=total)
+        filled += total
+    return flat[:filled], (np.concatenate(lengths) if lengths else np.empty(0, dtype=np.int64))
 
 
-def truncate_flat(tokenizer, texts, flat, lengths, max_length):
-    """(flat ids, lengths) with every text cut to max_length. Only the few texts that are too long
-    are tokenized again, with truncation=True: the tokenizer then keeps the closing special tokens
-    that a plain cut would drop."""
+def truncate_flat(tokenizer, flat, lengths, max_length, texts_at, block=1 << 20):
+    """(flat ids, lengths) with every text cut to max_length. In place: cut texts only get shorter,
+    so flat is compacted leftwards, `block` ids at a time, and no second copy of the ids is ever
+    held; the ids returned are a view of flat. Only the few texts that are too long are tokenized
+    again, with truncation=True (the tokenizer then keeps the closing special tokens a plain cut
+    would drop); texts_at(rows) gives their texts."""
     long = np.flatnonzero(lengths > max_length)
     if not len(long):
         return flat, lengths
-    cut = encode(tokenizer, [texts[i] for i in long], truncation=True, max_length=max_length)
+    cut = encode(tokenizer, texts_at(long.tolist()), truncation=True, max_length=max_length)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    pieces, kept = [], 0  # kept: the first text not yet copied
-    for i, ids in zip(long, cut):
-        pieces += [flat[offsets[kept]:offsets[i]], np.asarray(ids, dtype=np.int32)]
-        kept = i + 1
-    pieces.append(flat[offsets[kept]:])
+    write = int(offsets[long[0]])  # everything before the first long text stays where it is
+    for k, (i, ids) in enumerate(zip(long, cut)):
+        flat[write:write + len(ids)] = ids  # fits in text i's old place: write <= its start, ids shorter
+        write += len(ids)
+        start, stop = int(offsets[i + 1]), int(offsets[long[k + 1]] if k + 1 < len(long) else offsets[-1])
+        for a in range(start, stop, block):  # the texts up to the next long one, moved left, left to right
+            b = min(a + block, stop)
+            flat[write:write + b - a] = flat[a:b]
+            write += b - a
     lengths = lengths.copy()
     lengths[long] = [len(ids) for ids in cut]
-    return np.concatenate(pieces), lengths
+    return flat[:write], lengths
 
 
 def tokenize_texts(tokenizer, texts, max_length):
-    """(token id lists cut to max_length, full lengths): encode_flat and truncate_flat as lists."""
-    flat, full = encode_flat(tokenizer, texts)
-    flat, lengths = truncate_flat(tokenizer, texts, flat, full, max_length)
+    """(token id lists cut to max_length, full lengths) of a list of texts, as the stage makes them."""
+    capacity = sum(len(text.encode("utf-8")) + 8 for text in texts)  # a token holds at least one byte
+    flat, full = encode_flat(tokenizer, chunks(texts), capacity)
+    flat, lengths = truncate_flat(tokenizer, flat, full, max_length, lambda rows: [texts[i] for i in rows])
     offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
     ids = flat.tolist()
     return [ids[a:b] for a, b in zip(offsets[:-1], offsets[1:])], full.tolist()
+
+
+def encode_csv(tokenizer, path, label_list):
+    """(flat token ids, lengths, label ids) of a processed CSV, read and tokenized CHUNK rows at a time:
+    neither the file nor its texts are ever in memory at once."""
+    labels = []
+
+    def texts():
+        for frame in read_csv_chunks(path, CHUNK):
+            labels.extend(label_ids(frame["label"], label_list))
+            yield frame["text"].tolist()
+
+    # each text's tokens are at most its bytes plus a few special tokens; a row is 6 bytes or more
+    flat, lengths = encode_flat(tokenizer, texts(), capacity=3 * path.stat().st_size + 1024)
+    return flat, lengths, labels
+
+
+def texts_at(path, rows):
+    """The texts of some rows of a processed CSV (positions, ascending), read CHUNK rows at a time."""
+    wanted, found = set(rows), {}
+    for frame in read_csv_chunks(path, CHUNK):
+        found.update((i, text) for i, text in zip(frame.index, frame["text"]) if i in wanted)
+    return [found[i] for i in rows]
 
 
 def packed(flat, lengths, labels):
@@ -146,11 +188,10 @@ def main():
                             f"{model_name!r} takes ({limit} tokens): set it to at most {limit}, or auto")
     label_list = json.loads((PROCESSED / "labels.json").read_text(encoding="utf-8"))
 
-    splits = [s for s in SPLITS if (PROCESSED / f"{s}.csv").exists()]
-    frames = {s: read_csv(PROCESSED / f"{s}.csv") for s in splits}
-    full = {s: encode_flat(tokenizer, frames[s]["text"].tolist()) for s in splits}  # (flat ids, lengths)
+    paths = [PROCESSED / f"{split}.csv" for split in SPLITS if (PROCESSED / f"{split}.csv").exists()]
+    encoded = {path.stem: encode_csv(tokenizer, path, label_list) for path in paths}  # (flat ids, lengths, labels)
     if max_length == "auto":
-        max_length = auto_max_length(full["train"][1], percentile, limit)
+        max_length = auto_max_length(encoded["train"][1], percentile, limit)
         print(f"max_length auto: {max_length} (p{percentile:g} of the train texts' token lengths, "
               f"rounded up to a multiple of 8, at most the model's {limit})")
     else:
@@ -158,15 +199,13 @@ def main():
     stats = {"max_length": max_length, "max_length_percentile": percentile}
 
     with atomic_dir(OUT) as tmp:
-        for split in splits:
-            texts, (flat, lengths) = frames[split]["text"].tolist(), full.pop(split)
-            cut, cut_lengths = truncate_flat(tokenizer, texts, flat, lengths, max_length)
-            labels = label_ids(frames[split]["label"], label_list)
-            save_file(packed(cut, cut_lengths, labels), tmp / f"{split}.safetensors")
-            stats[split] = length_stats(lengths, max_length)
-            print(f"{split}: {len(lengths):,} texts, token length p50 {stats[split]['p50']:g}, p99 "
-                  f"{stats[split]['p99']:g}, max {stats[split]['max']}; {stats[split]['truncated_fraction']:.2%} "
-                  f"cut at {max_length}")
+        for path in paths:
+            flat, lengths, labels = encoded.pop(path.stem)
+            cut, cut_lengths = truncate_flat(tokenizer, flat, lengths, max_length, lambda rows: texts_at(path, rows))
+            save_file(packed(cut, cut_lengths, labels), tmp / f"{path.stem}.safetensors")
+            stats[path.stem] = split = length_stats(lengths, max_length)
+            print(f"{path.stem}: {len(lengths):,} texts, token length p50 {split['p50']:g}, p99 {split['p99']:g}, "
+                  f"max {split['max']}; {split['truncated_fraction']:.2%} cut at {max_length}")
     write_json(METRICS, stats)
     return [OUT, METRICS]
 

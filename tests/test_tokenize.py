@@ -31,13 +31,33 @@ def test_chunked_flat_tokenizing_writes_the_bytes_of_one_list_per_text(tokenizer
     # the stage tokenizes CHUNK texts at a time into flat arrays; the file must not depend on it
     from safetensors.torch import save
 
-    from stages.tokenize import encode_flat, packed, truncate_flat
+    from stages.tokenize import chunks, encode_flat, packed, truncate_flat
 
     texts = [" ".join(["word"] * (i % 23)) + f" text {i}" for i in range(50)] + ["", "long " * 40]
     labels = [i % 3 for i in range(len(texts))]
     ids = tokenizer(texts, truncation=True, max_length=12)["input_ids"]  # the reference: one list per text
-    for chunk in (1, 7, 50, 1000):
-        flat, lengths = encode_flat(tokenizer, texts, chunk=chunk)
-        cut, cut_lengths = truncate_flat(tokenizer, texts, flat, lengths, 12)
-        assert save(packed(cut, cut_lengths, labels)) == save(pack_sequences(ids, labels)), chunk
+    for chunk, block in ((1, 1), (7, 5), (50, 64), (1000, 1 << 20)):  # texts per tokenizer call, ids per move
+        capacity = 10 if chunk == 1 else 10**6  # too small: it grows; big enough: a view of it is returned
+        flat, lengths = encode_flat(tokenizer, chunks(texts, chunk), capacity)
+        cut, cut_lengths = truncate_flat(tokenizer, flat, lengths, 12, lambda rows: [texts[i] for i in rows],
+                                         block=block)
+        assert save(packed(cut, cut_lengths, labels)) == save(pack_sequences(ids, labels)), (chunk, block)
     assert all(len(seq) <= 12 and seq[-1] == tokenizer.sep_token_id for seq in ids)
+
+
+def test_a_processed_csv_is_tokenized_in_chunks_as_a_list_would_be(tokenizer, tmp_path, monkeypatch):
+    import pandas as pd
+
+    from stages import tokenize
+    from stages.csvfiles import write_csv
+
+    texts = ["a, \"quoted\" text", "two\nlines", "long " * 30, "", "NA"] * 7
+    labels = ["b", "a", "b", "a", "a"] * 7
+    write_csv(pd.DataFrame({"text": texts, "label": labels}), tmp_path / "train.csv")
+    monkeypatch.setattr(tokenize, "CHUNK", 4)  # rows read and tokenized at a time
+    flat, lengths, label_list = tokenize.encode_csv(tokenizer, tmp_path / "train.csv", ["a", "b"])
+    cut, cut_lengths = tokenize.truncate_flat(tokenizer, flat, lengths, 16,
+                                              lambda rows: tokenize.texts_at(tmp_path / "train.csv", rows))
+    ids, full = tokenize_texts(tokenizer, texts, 16)
+    assert lengths.tolist() == full and label_list == [["a", "b"].index(y) for y in labels]
+    assert unpack_sequences(tokenize.packed(cut, cut_lengths, label_list))[0] == ids
