@@ -163,7 +163,7 @@ def main():
     require_rows(raw, train_path)
     train = clean_frame(raw, text_col, label_col, options)
     dropped = raw.index.difference(train.index)
-    print(f"{train_path}: {len(raw)} rows, {len(dropped)} dropped for empty text"
+    print(f"{train_path}: {len(raw):,} rows, {len(dropped):,} dropped for empty text"
           + (f" ({row_numbers(dropped)})" if len(dropped) else ""))
     require_labels(train, label_col, train_path)
     unified, merged = unify_numeric_labels(train["label"])
@@ -172,12 +172,12 @@ def main():
     if params["drop_duplicates"]:
         before = len(train)
         train = train.drop_duplicates("text")
-        print(f"{before - len(train)} duplicate text(s) dropped")
+        print(f"{before - len(train):,} duplicate text(s) dropped")
     labels = sort_labels(train["label"])
     if len(labels) < 2:
         raise PipelineError(f"{train_path}: {label_col!r} has a single class {labels}; "
                             "classification needs at least two")
-    print(f"train {len(train)} rows, labels {labels}")
+    print(f"train {len(train):,} rows, labels {labels}")
 
     test = None
     if test_path.exists():
@@ -191,7 +191,7 @@ def main():
         report_merged(merged, test["label"], test_path)
         test["label"] = unified
         check_known_labels(test, labels, test_path)
-        print(f"test {len(test)} rows ({(test['text'] == '').sum()} with empty text), "
+        print(f"test {len(test):,} rows ({(test['text'] == '').sum():,} with empty text), "
               f"{'with' if (test['label'] != '').any() else 'without'} labels")
 
     with atomic_dir(OUT) as tmp:
