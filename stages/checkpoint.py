@@ -162,7 +162,7 @@ class StopOnSignal(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= state.max_steps:  # the same step in every process: no need to agree
-            control.should_save = False  # the finished model goes to models/model, not a checkpoint
+            control.should_save = False  # the finished model goes to models/fold-K, not a checkpoint
         elif self.agreed_signal(args):
             self.stopped = self.signum
             control.should_save = control.should_training_stop = True

@@ -141,7 +141,7 @@ def training_arguments(params, output_dir, device, batch_size, accumulation):
         dataloader_persistent_workers=cuda and params["loader_workers"] > 0,
         use_cpu=not cuda,  # also what makes several processes on a CPU talk through gloo
         eval_strategy="epoch",
-        save_strategy="steps",  # checkpoints to resume from; the finished model goes to models/model
+        save_strategy="steps",  # checkpoints to resume from; the finished model goes to models/fold-K
         save_steps=params["checkpoint_steps"],
         save_total_limit=1,  # the newest is all a resumed run needs
         logging_strategy="steps",
@@ -276,7 +276,7 @@ def main():
         trainer.remove_callback(PrinterCallback)  # it prints a dict per log; ProgressLog prints for people
         try:
             trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-            if not evaluated_at_end(trainer.state):  # e.g. stopped by a signal after the last step
+            if not stop.stopped and not evaluated_at_end(trainer.state):  # the out-of-fold predictions
                 trainer.evaluate()
         except torch.cuda.OutOfMemoryError:
             raise PipelineError(out_of_memory_in_training(batch_size, seq_len)) from None
