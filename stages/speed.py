@@ -114,7 +114,9 @@ def cpu_bf16_speedup(size=1024, burst_seconds=0.08):
     """How many times faster this CPU multiplies bf16 matrices than fp32 ones, in about half a second:
     the best of three bursts of size x size matmuls each, interleaved so load affects both alike.
     The instructions alone do not make bf16 fast: a virtual Xeon that reports AVX512-BF16 ran bf16
-    matmuls at 103 GFLOP/s against 282 in fp32, where an AMD EPYC ran them 3.7x faster than fp32."""
+    matmuls at 103 GFLOP/s against 282 in fp32, where an AMD EPYC ran them 3.7x faster than fp32.
+    In a multi-process run every process measures and all take the slowest ratio, so that all train in
+    one precision (a collective: every process makes its first call at the same point)."""
     rates = {torch.float32: 0.0, torch.bfloat16: 0.0}
     pairs = {dtype: (torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)) for dtype in rates}
     for _ in range(3):
@@ -125,7 +127,7 @@ def cpu_bf16_speedup(size=1024, burst_seconds=0.08):
                 a @ b
                 count += 1
             rates[dtype] = max(rates[dtype], count / (time.perf_counter() - start))
-    return rates[torch.bfloat16] / rates[torch.float32]
+    return across_processes([rates[torch.bfloat16] / rates[torch.float32]], "min")[0]
 
 
 def autocast_dtype(mixed_precision, device):

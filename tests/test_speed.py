@@ -1,5 +1,10 @@
 """Correctness of the speed features: dynamic padding, length grouping, the batch-size finder,
 max_length auto and the throughput counters. Speed itself is measured by bench/benchmark.py."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -86,6 +91,27 @@ def test_cpu_trains_in_bf16_only_where_bf16_is_faster_and_in_the_main_process(tm
     assert not off.bf16 and not off.fp16
     assert args.dataloader_num_workers == 0 and not args.dataloader_pin_memory
     assert args.gradient_accumulation_steps == 4 and args.optim == "adamw_torch_fused"
+
+
+def test_processes_of_one_run_agree_on_the_bf16_speedup(tmp_path):
+    """Each process times its own matmuls; unagreed, two processes near the 1.3x margin could train
+    in different precisions. Two gloo processes under torchrun must return the same ratio."""
+    script = tmp_path / "measure.py"
+    script.write_text("import os, pathlib, sys, torch\n"
+                      "from stages.speed import cpu_bf16_speedup\n"
+                      "torch.distributed.init_process_group('gloo')\n"
+                      "ratio = cpu_bf16_speedup(size=256, burst_seconds=0.02)\n"
+                      "pathlib.Path(sys.argv[1], os.environ['RANK']).write_text(repr(ratio))\n"
+                      "torch.distributed.destroy_process_group()\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = tmp_path / "ratios"
+    out.mkdir()
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(script), str(out)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ratios = {path.name: path.read_text() for path in out.iterdir()}
+    assert set(ratios) == {"0", "1"}, done.stdout
+    assert ratios["0"] == ratios["1"] and float(ratios["0"]) > 0, ratios
 
 
 def fake_memory(limit, fixed=2.0, per_example=0.5):
