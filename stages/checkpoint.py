@@ -128,7 +128,9 @@ class StopOnSignal(TrainerCallback):
     signal after the last step changes nothing: the run finishes and writes its model.
 
     With several processes, each step they agree (a max over the processes) on whether any of
-    them was signalled, so all stop at the same step and none waits forever for the others."""
+    them was signalled, so all stop at the same step and none waits forever for the others. They
+    agree over the CPU (gloo), not NCCL: reading an NCCL result would make the host wait for the
+    GPU to finish the step before it could queue the next one."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -137,6 +139,7 @@ class StopOnSignal(TrainerCallback):
         self.signum = 0   # the signal received, 0 for none
         self.stopped = 0  # the signal training stopped for, 0 when it ran to the end
         self.previous = {}
+        self.group = None  # the processes' CPU group, in a multi-process run
 
     def __enter__(self):
         self.previous = {s: signal.signal(s, self.handle) for s in self.SIGNALS}
@@ -153,17 +156,21 @@ class StopOnSignal(TrainerCallback):
             print(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step, then stopping "
                   "(send it again to stop at once, without one)", flush=True)
 
-    def agreed_signal(self, args):
-        if args.world_size > 1:
-            flag = torch.tensor([self.signum], device=args.device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    def on_train_begin(self, args, state, control, **kwargs):
+        if args.world_size > 1:  # every process calls this, as new_group requires
+            self.group = torch.distributed.new_group(backend="gloo")
+
+    def agreed_signal(self):
+        if self.group is not None:
+            flag = torch.tensor([self.signum])
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self.group)
             self.signum = int(flag.item())
         return self.signum
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= state.max_steps:  # the same step in every process: no need to agree
             control.should_save = False  # the finished model goes to models/fold-K, not a checkpoint
-        elif self.agreed_signal(args):
+        elif self.agreed_signal():
             self.stopped = self.signum
             control.should_save = control.should_training_stop = True
 

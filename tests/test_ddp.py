@@ -2,11 +2,15 @@
 torchrun (gloo on this CPU), and the run writes its outputs once and ends close to a
 single-process run on the same data."""
 import json
+import re
+import signal
 
+import psutil
 import pytest
 
 from tests.test_pipeline import dvc, set_params
-from tests.test_resume import copy_repo, one_thread, tokenized_repo  # noqa: F401 (a fixture used here too)
+from tests.test_resume import (copy_repo, interrupt_training, one_thread,  # noqa: F401 (a fixture used here too)
+                               runs_train_module, tokenized_repo)
 
 # An effective batch of 16 (8 per process with 2 processes), 20 epochs of 17 optimizer steps at
 # lr 5e-3: both runs reach 1.0 val accuracy here. At lr 1e-2 or more the tiny model sometimes stalls
@@ -23,7 +27,7 @@ def runs(tmp_path_factory, tiny_data_dir, tiny_model_dir):
     """{processes: (repo, output of `dvc repro train`, lines of the stage log)} for 1 and 2 processes."""
     root = tmp_path_factory.mktemp("ddp")
     base = tokenized_repo(root / "base", tiny_data_dir, tiny_model_dir, **DDP_PARAMS)
-    found = {}
+    found = {"base": base}
     for processes in (1, 2):
         repo = copy_repo(base, root / f"processes-{processes}")
         set_params(repo, train__num_processes=processes)
@@ -60,3 +64,28 @@ def test_two_processes_end_close_to_one(runs):
     assert single["eval"]["accuracy"] >= 0.8, single  # it learned: chance is about 0.33
     assert double["eval"]["accuracy"] == pytest.approx(single["eval"]["accuracy"], abs=ACCURACY_TOLERANCE)
     assert double["eval"]["f1_macro"] == pytest.approx(single["eval"]["f1_macro"], abs=ACCURACY_TOLERANCE)
+
+
+def second_process(dvc_process):
+    """The training process of rank 1 (torchrun's second copy of the stage) under a running `dvc repro`."""
+    for child in psutil.Process(dvc_process.pid).children(recursive=True):
+        try:
+            if runs_train_module(child.cmdline()) and child.environ().get("RANK") == "1":
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def test_a_signal_to_one_process_stops_all_at_one_step_and_the_run_resumes(runs, tmp_path):
+    """A scheduler may signal one process only: the others must stop at the same step (or they
+    would wait for it forever), the main one saving the checkpoint the rerun resumes from."""
+    repo = copy_repo(runs["base"], tmp_path / "repo")
+    set_params(repo, train__num_processes=2, train__checkpoint_steps=5)
+    stopped = interrupt_training(repo, signal.SIGTERM, min_step=10, target_of=second_process)
+    halted = re.search(r"stopped by SIGTERM at step (\d+) of (\d+); saved a checkpoint in checkpoints/fold-0", stopped)
+    assert halted, stopped
+    rerun = dvc("repro", "train", cwd=repo).stdout
+    assert f"resuming from checkpoints/fold-0/checkpoint-{halted[1]}: step {halted[1]} of {halted[2]}" in rerun, rerun
+    assert metrics(repo)["eval"]["accuracy"] >= 0.8
+    assert not (repo / "checkpoints/fold-0").exists()

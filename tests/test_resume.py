@@ -74,21 +74,22 @@ def train_process(dvc_process):
     return None
 
 
-def interrupt_training(repo, signum):
-    """Run `dvc repro train`, send signum to the train stage's process once a complete checkpoint
-    of the second epoch or later exists, and return dvc's output (it must fail: the stage did not
-    finish). Not the first epoch: its order would be replayed right even by a sampler drawing from
-    the global RNG, since a resumed run reaches its start with the same RNG state."""
+def interrupt_training(repo, signum, min_step=STEPS_PER_EPOCH + 1, target_of=train_process):
+    """Run `dvc repro train`, send signum to the train stage's process (target_of the dvc process)
+    once a complete checkpoint of min_step or later exists, and return dvc's output (it must fail:
+    the stage did not finish). By default a step of the second epoch: the first epoch's order would
+    be replayed right even by a sampler drawing from the global RNG, since a resumed run reaches its
+    start with the same RNG state."""
     process = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "train"], cwd=repo, env=shell_less_env(),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + WAIT_S
-        while not complete_checkpoint(repo, STEPS_PER_EPOCH + 1):
+        while not complete_checkpoint(repo, min_step):
             assert process.poll() is None, f"dvc ended before a checkpoint:\n{process.communicate()[0]}"
             assert time.monotonic() < deadline, f"no checkpoint in {repo / CHECKPOINTS} after {WAIT_S}s"
             time.sleep(0.02)
-        target = train_process(process)
-        assert target is not None, "no stages.train process under dvc"
+        target = target_of(process)
+        assert target is not None, "no process to signal under dvc"
         target.send_signal(signum)
         output, _ = process.communicate(timeout=WAIT_S)
     finally:
