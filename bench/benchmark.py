@@ -44,6 +44,7 @@ from transformers import logging as hf_logging
 from transformers.trainer_callback import PrinterCallback
 
 from bench.tokenize_memory import tokenize_memory
+from stages import unpadded
 from stages.common import load_params, pack_sequences, unpack_sequences
 from stages.csvfiles import read_csv
 from stages.models import resolve_model
@@ -401,19 +402,54 @@ def report_dvc(repo_option, tokenizer):
           f"{verdict(seconds, GOALS['dvc_s'], at_least=False)})")
 
 
+def time_training_steps(model, examples, batch_size, steps, padded_collator, dtype=None, warmup=2):
+    """Real tokens per second of `steps` training steps (forward, backward, AdamW) of `model`
+    on padded batches (padded_collator, e.g. the train stage's) and on packed ones (stages.unpadded),
+    over the same batches: examples in order, batch_size at a time, cycled. AdamW runs with lr 0, so
+    both modes do the same work and the weights are left as they were (gradients are not).
+    dtype: autocast dtype (bf16/fp16), None for fp32. Returns {"padded": ..., "unpadded": ...} and
+    "attention", the packed path timed: with attention dropout (BERT's default 0.1) training takes
+    the per-text SDPA path; load the model with attention_probs_dropout_prob=0 to time varlen_attn."""
+    device = next(model.parameters()).device
+    chunks = [examples[i:i + batch_size] for i in range(0, len(examples), batch_size)]
+    tokens = [sum(len(e["input_ids"]) for e in chunk) for chunk in chunks]
+    packed_model = unpadded.UnpaddedClassifier(model)  # padded batches too now run SDPA, as the model did
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
+    model.train()
+    rates = {}  # real tokens per second
+    for name, module, collator in (("padded", model, padded_collator), ("unpadded", packed_model, unpadded.collate)):
+        # collated and moved up front: only the model's steps are timed
+        batches = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in collator(chunk).items()}
+                   for chunk in chunks]
+        seen = 0
+        for step in range(warmup + steps):
+            if step == warmup:  # the first steps pay for kernel selection and allocator growth
+                sync()
+                start, seen = time.perf_counter(), 0
+            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                loss = module(**batches[step % len(batches)]).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            seen += tokens[step % len(batches)]
+        sync()
+        rates[name] = seen / (time.perf_counter() - start)
+    probe = torch.empty(1, 1, device=device, dtype=dtype or torch.float32)  # what q looks like under autocast
+    varlen = unpadded.uses_varlen(probe, model.bert.encoder.layer[0].attention.self.dropout.p, None)
+    return {**rates, "attention": "varlen_attn" if varlen else "per-text SDPA"}
+
+
 def report_unpadded(make_model, tokenizer, sequences, labels, batch, dtype, steps=30):
     """GPU only: padded vs padding-free (stages.unpadded) training steps on the same batches, with
     the model as loaded (attention dropout: per-text SDPA) and without attention dropout (varlen_attn)."""
-    from stages import unpadded
-
     examples = [{"input_ids": s, "labels": y} for s, y in zip(sequences, labels)]
     for attention_dropout in (None, 0.0):
         model = make_model()
         if attention_dropout is not None:
             for layer in model.bert.encoder.layer:
                 layer.attention.self.dropout.p = attention_dropout
-        rates = unpadded.time_training_steps(model.cuda(), examples[:batch * steps], batch, steps,
-                                             make_collator(tokenizer, "cuda"), dtype=dtype)
+        rates = time_training_steps(model.cuda(), examples[:batch * steps], batch, steps,
+                                    make_collator(tokenizer, "cuda"), dtype=dtype)
         print(f"   padding-free batches ({rates['attention']}): {rates['unpadded']:.0f} vs padded "
               f"{rates['padded']:.0f} real tokens/s: {rates['unpadded'] / rates['padded']:.2f}x")
         del model

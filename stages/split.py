@@ -26,7 +26,7 @@ CV_PARAMS = {"folds": (list,)}
 SPLIT_PARAMS = {"val_size": (float, Range(0, 1, low_open=True, high_open=True)), "seed": (int, SEEDS)}
 
 
-def fold_count(folds):
+def checked_fold_count(folds):
     """K from cv.folds, which must be the list 0, 1, ..., K-1: DVC makes one train stage per item
     (it can expand a list into stages, not a number), and each fold number is a stage's name."""
     if not isinstance(folds, list) or not folds or folds != list(range(len(folds))) or any(isinstance(f, bool) for f in folds):
@@ -99,7 +99,7 @@ def describe_folds(folds, labels):
 
 
 def main():
-    k = fold_count(load_params("cv", CV_PARAMS)["folds"])
+    k = checked_fold_count(load_params("cv", CV_PARAMS)["folds"])
     params = load_params("split", SPLIT_PARAMS)
 
     train = read_csv(TRAIN_CSV)

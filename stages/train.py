@@ -226,8 +226,9 @@ def main():
     model_source = resolve_model(model_name)
     labels = json.loads(LABELS.read_text(encoding="utf-8"))
     row_folds = folds.read_folds()
-    if not 0 <= fold < folds.fold_count(row_folds):
-        raise PipelineError(f"--fold {fold}: {folds.FOLDS_CSV} has folds 0 to {folds.fold_count(row_folds) - 1} "
+    fold_count = folds.fold_count(row_folds)
+    if not 0 <= fold < fold_count:
+        raise PipelineError(f"--fold {fold}: {folds.FOLDS_CSV} has folds 0 to {fold_count - 1} "
                             "(cv.folds): rerun `dvc repro split`, or pick one of those")
     out = folds.outputs(fold)
     use_expandable_segments()

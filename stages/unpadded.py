@@ -13,11 +13,10 @@ then reads each text's first token ([CLS]) at its offset in the row.
 - packed_attention: the attention function (PyTorch's varlen_attn on a GPU in fp16/bf16, an exact
   per-text SDPA elsewhere), registered as ATTENTION;
 - UnpaddedClassifier(model): a BertForSequenceClassification run on packed batches, for Trainer;
-  supports(model) says whether a model can be wrapped (else keep padded batches);
-- time_training_steps: padded vs padding-free training throughput, for a GPU benchmark.
+  supports(model) says whether a model can be wrapped (else keep padded batches).
+bench/benchmark.py times padded against padding-free training steps (time_training_steps).
 """
 import math
-import time
 
 import torch
 import torch.nn.functional as F
@@ -131,45 +130,3 @@ class UnpaddedClassifier(torch.nn.Module):
             self.config.problem_type = "single_label_classification"  # as the model's forward records it
             loss = F.cross_entropy(logits.view(-1, self.config.num_labels), labels.view(-1))
         return SequenceClassifierOutput(loss=loss, logits=logits)
-
-
-def time_training_steps(model, examples, batch_size, steps, padded_collator, dtype=None, warmup=2):
-    """Real tokens per second of `steps` training steps (forward, backward, AdamW) of `model`
-    on padded batches (padded_collator, e.g. the train stage's) and on packed ones (collate), over
-    the same batches: examples in order, batch_size at a time, cycled. AdamW runs with lr 0, so
-    both modes do the same work and the weights are left as they were (gradients are not).
-    dtype: autocast dtype (bf16/fp16), None for fp32. Returns {"padded": ..., "unpadded": ...} and
-    "attention", the packed path timed: with attention dropout (BERT's default 0.1) training takes
-    the per-text SDPA path; load the model with attention_probs_dropout_prob=0 to time varlen_attn."""
-    device = next(model.parameters()).device
-    chunks = [examples[i:i + batch_size] for i in range(0, len(examples), batch_size)]
-    tokens = [sum(len(e["input_ids"]) for e in chunk) for chunk in chunks]
-    packed_model = UnpaddedClassifier(model)  # padded batches too now run SDPA, as the model did
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
-    model.train()
-    rates = {}  # real tokens per second
-    for name, module, collator in (("padded", model, padded_collator), ("unpadded", packed_model, collate)):
-        # collated and moved up front: only the model's steps are timed
-        batches = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in collator(chunk).items()}
-                   for chunk in chunks]
-        seen = 0
-        for step in range(warmup + steps):
-            if step == warmup:  # the first steps pay for kernel selection and allocator growth
-                synchronize(device)
-                start, seen = time.perf_counter(), 0
-            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                loss = module(**batches[step % len(batches)]).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            seen += tokens[step % len(batches)]
-        synchronize(device)
-        rates[name] = seen / (time.perf_counter() - start)
-    probe = torch.empty(1, 1, device=device, dtype=dtype or torch.float32)  # what q looks like under autocast
-    varlen = uses_varlen(probe, model.bert.encoder.layer[0].attention.self.dropout.p, None)
-    return {**rates, "attention": "varlen_attn" if varlen else "per-text SDPA"}
-
-
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # queued GPU work belongs to the steps that queued it

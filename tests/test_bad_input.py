@@ -331,6 +331,16 @@ def test_folds_given_as_a_number(work):
     fails_with(work, "params.yaml: cv.folds must be a list, not 3", stage="split")
 
 
+
+def test_a_fold_the_split_does_not_have(work):
+    # `python -m stages.train --fold K` run by hand, after a split into fewer folds
+    before = snapshot(work)
+    result = subprocess.run([sys.executable, "-m", "stages.train", "--fold", "2"], cwd=work, env=stage_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stderr) == (1, "error: --fold 2: data/split/folds.csv has folds 0 to 0 "
+                                                     "(cv.folds): rerun `dvc repro split`, or pick one of those\n")
+    assert snapshot(work) == before
+
 def test_smaller_than_a_batch_still_gets_a_validation_row_per_class(work):
     # 6 rows, 3 classes: val_size 0.1 asks for 1 validation row, and stratifying needs 3
     write_raw(work, train=HEADER + "".join(GOOD_ROWS.splitlines(keepends=True)[:6]))

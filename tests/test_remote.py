@@ -1,5 +1,6 @@
 """A shared DVC remote saves recomputation, against real servers on 127.0.0.1: a shared folder,
-SSH (OpenSSH's sshd, dvc-ssh) and S3 (SeaweedFS, dvc-s3 with endpointurl).
+SSH (an asyncssh SFTP server, tests/sftp_server.py, reached by dvc-ssh over TCP) and S3
+(SeaweedFS, dvc-s3 with endpointurl).
 
 Clone A runs the pipeline, commits dvc.lock and the metrics, and pushes with `--run-cache`;
 it also runs one experiment and pushes it with `dvc exp push --run-cache`. Clone B, a fresh
@@ -61,7 +62,7 @@ def logged(monkeypatch, folder, name):
 
 @pytest.fixture(scope="module")
 def ssh(tmp_path_factory):
-    with ssh_server(tmp_path_factory.mktemp("sshd")) as server:
+    with ssh_server(tmp_path_factory.mktemp("ssh")) as server:
         yield server
 
 

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from stages.common import PipelineError
-from stages.split import fold_count, holdout_folds, kfold_folds, split_train_val
+from stages.split import checked_fold_count, holdout_folds, kfold_folds, split_train_val
 
 def test_split_is_stratified_seeded_and_keeps_singletons_in_train():
     df = pd.DataFrame({"text": [f"t{i}" for i in range(101)], "label": ["a"] * 60 + ["b"] * 40 + ["c"]})
@@ -72,5 +72,5 @@ def test_kfold_names_the_class_too_small_for_k():
 @pytest.mark.parametrize("folds", [[], [1], [0, 2], [1, 0], 5, [True], ["0"]])
 def test_cv_folds_must_list_0_to_k_minus_1(folds):
     with pytest.raises(PipelineError, match=r"cv.folds must list the folds 0 to K-1"):
-        fold_count(folds)
-    assert fold_count([0, 1, 2]) == 3 and fold_count([0]) == 1
+        checked_fold_count(folds)
+    assert checked_fold_count([0, 1, 2]) == 3 and checked_fold_count([0]) == 1

@@ -11,6 +11,7 @@ from transformers import (AutoModelForSequenceClassification, BertConfig, BertFo
                           BertForTokenClassification, DataCollatorWithPadding, RobertaConfig,
                           RobertaForSequenceClassification, Trainer, TrainingArguments)
 
+from bench.benchmark import time_training_steps
 from stages import unpadded
 from stages.models import resolve_model
 
@@ -172,8 +173,8 @@ def test_trainer_trains_and_evaluates_the_wrapper(tiny_model_dir, tokenizer, tmp
 def test_timing_runs_both_modes_and_leaves_the_weights(tiny_model_dir, tokenizer):
     model = tiny_classifier(tiny_model_dir)
     before = [p.detach().clone() for p in model.parameters()]
-    rates = unpadded.time_training_steps(model, examples(tokenizer), batch_size=3, steps=2,
-                                         padded_collator=DataCollatorWithPadding(tokenizer), warmup=1)
+    rates = time_training_steps(model, examples(tokenizer), batch_size=3, steps=2,
+                                padded_collator=DataCollatorWithPadding(tokenizer), warmup=1)
     assert rates["padded"] > 0 and rates["unpadded"] > 0
     assert rates["attention"] == "per-text SDPA"  # CPU, fp32, attention dropout 0.1
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
