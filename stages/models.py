@@ -24,6 +24,16 @@ def model_params():
     return params
 
 
+def dropout_settings(config, dropout):
+    """{config attribute: dropout} for every dropout probability a model's config sets: the names vary
+    by architecture (BERT's hidden_dropout_prob and attention_probs_dropout_prob, DistilBERT's dropout
+    and attention_dropout, ModernBERT's mlp_dropout, ...). classifier_dropout None means "the hidden
+    one" and is set too."""
+    return {name: dropout for name, value in config.to_dict().items()
+            if "dropout" in name and (value is None and name == "classifier_dropout" or
+                                      isinstance(value, (int, float)) and not isinstance(value, bool))}
+
+
 def resolve_model(name):
     """Turn `model.name` into what from_pretrained takes: a builtin's folder, a local model folder,
     or a hub id that is cached or reachable. Anything else is a one-line PipelineError, raised

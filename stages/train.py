@@ -30,7 +30,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 from sklearn.metrics import accuracy_score, f1_score
-from transformers import (AutoModelForSequenceClassification, AutoTokenizer,
+from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer,
                           DataCollatorWithPadding, TrainingArguments, set_seed)
 from transformers.integrations import DVCLiveCallback
 from transformers.trainer_callback import PrinterCallback
@@ -39,7 +39,7 @@ from transformers.utils import is_torch_tf32_available
 from stages import checkpoint, folds, unpadded
 from stages.common import (SEEDS, PipelineError, Range, atomic_dir, interactive, load_params, run_main,
                            unpack_sequences)
-from stages.models import model_params, resolve_model
+from stages.models import dropout_settings, model_params, resolve_model
 from stages.progress import ProgressLog
 from stages.processes import agreed_batch_size, join_processes, per_process_batch
 from stages.speed import (CountingTrainer, Throughput, autocast_dtype, check_batch_size, out_of_memory_in_training,
@@ -53,7 +53,8 @@ TRAIN_PARAMS = {"epochs": (float, Range(0, low_open=True)), "batch_size": (int, 
                 "weight_decay": (float, Range(0, 1)), "warmup_ratio": (float, Range(0, 1, high_open=True)),
                 "max_grad_norm": (float, Range(0)), "seed": (int, SEEDS), "group_by_length": (bool,),
                 "mixed_precision": (bool,), "tf32": (bool,), "fused_adamw": (bool,), "pin_memory": (bool,),
-                "unpadded": (bool,), "loader_workers": (int, Range(0)), "checkpoint_steps": (int, Range(1)),
+                "unpadded": (bool,), "dropout": (float, "model", Range(0, 1, high_open=True)),
+                "freeze_embeddings": (bool,), "loader_workers": (int, Range(0)), "checkpoint_steps": (int, Range(1)),
                 "num_processes": (int, Range(1))}
 
 
@@ -154,16 +155,22 @@ def training_arguments(params, output_dir, device, batch_size, accumulation):
     )
 
 
-def load_model(model_source, labels, trust_remote_code=False):
-    """The tokenizer, and the model with a new classifier head for labels (seed first)."""
+def load_model(model_source, labels, trust_remote_code=False, dropout="model", freeze_embeddings=False):
+    """The tokenizer, and the model with a new classifier head for labels (seed first). dropout: a
+    probability for every dropout of the model, or "model" for the ones its config has;
+    freeze_embeddings: the token-embedding matrix is not trained."""
     tokenizer = AutoTokenizer.from_pretrained(model_source, trust_remote_code=trust_remote_code)
+    config = AutoConfig.from_pretrained(model_source, trust_remote_code=trust_remote_code)
+    overrides = {} if dropout == "model" else dropout_settings(config, dropout)
     # transformers prints a table listing the classifier head as MISSING: that is expected for
     # a fresh head, so say it in one line instead
     transformers.logging.set_verbosity_error()
     model = AutoModelForSequenceClassification.from_pretrained(
         model_source, num_labels=len(labels), trust_remote_code=trust_remote_code,
-        id2label=dict(enumerate(labels)), label2id={name: i for i, name in enumerate(labels)})
+        id2label=dict(enumerate(labels)), label2id={name: i for i, name in enumerate(labels)}, **overrides)
     transformers.logging.set_verbosity_warning()
+    if freeze_embeddings:
+        model.get_input_embeddings().weight.requires_grad_(False)
     return tokenizer, model
 
 
@@ -234,7 +241,8 @@ def main():
     use_expandable_segments()
 
     set_seed(params["seed"])  # before the model is built: seeds the new classifier head
-    tokenizer, model = load_model(model_source, labels, model["trust_remote_code"])
+    tokenizer, model = load_model(model_source, labels, model["trust_remote_code"], params["dropout"],
+                                  params["freeze_embeddings"])
     say(f"loaded {model_source}; the {len(labels)}-class classifier head is new (randomly initialised)")
     sequences, label_ids = unpack_sequences(load_file(TOKENIZED / "train.safetensors"))
     train_set = TokenizedDataset.rows(sequences, label_ids, np.flatnonzero(row_folds != fold))
