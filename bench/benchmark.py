@@ -10,7 +10,9 @@ busy machine slows both sides alike (the load average is printed too):
    row with padding="max_length", return_tensors="pt";
 2. the tokenize stage's peak memory on the corpus copied 10 times vs on the corpus;
 3. training throughput in real (non-pad) tokens/s over a fixed number of steps: the train stage's
-   defaults vs padding to 128 in fp32 with random batches;
+   defaults vs padding to 128 in fp32 with random batches, the model's dropout and every weight
+   trained; and, where train.dropout or train.freeze_embeddings change the model, the defaults vs
+   the same with the model as it comes;
 4. training throughput of the defaults in bf16 autocast vs the same in fp32 ("not supported"
    where the CPU has no native bf16);
 5. useful training FLOP/s (6 x non-embedding parameters x real tokens/s) as a share of this
@@ -37,7 +39,7 @@ from pathlib import Path
 import torch
 import yaml
 from safetensors.torch import load_file, save_file
-from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, BertConfig,
+from transformers import (AutoConfig, AutoTokenizer, BertConfig,
                           BertForSequenceClassification, BertModel, DataCollatorWithPadding,
                           TrainerCallback, TrainingArguments, set_seed)
 from transformers import logging as hf_logging
@@ -47,13 +49,13 @@ from bench.tokenize_memory import tokenize_memory
 from stages import unpadded
 from stages.common import load_params, pack_sequences, unpack_sequences
 from stages.csvfiles import read_csv
-from stages.models import resolve_model
+from stages.models import dropout_settings, resolve_model
 from stages.fetch import write_builtin
 from stages.preprocess import CLEANING_SWITCHES, PREPROCESS_PARAMS, clean_frame
 from stages.speed import (CountingTrainer, Throughput, autocast_dtype, cpu_bf16_speedup, cpu_has_bf16, peak_memory,
                           pick_batch_size)
 from stages.tokenize import TOKENIZE_PARAMS, auto_max_length, model_limit, tokenize_texts
-from stages.train import TRAIN_PARAMS, TokenizedDataset, make_collator, training_arguments
+from stages.train import TRAIN_PARAMS, TokenizedDataset, load_model, make_collator, training_arguments
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE_MAX_LENGTH = 128  # the usual recipe pads every text to this
@@ -195,7 +197,7 @@ def bench_training(make_model, tokenizer, data, params, device, steps, baseline_
         baseline = [run_steps(make_model(), usual, padded, pad_128, baseline_steps // 2, warmup)[0]]
         free_gpu()
 
-        model = make_model()
+        model = make_model(**recipe(params))
         batch, accumulation, seq_len = pick_batch_size(model, sequences, params["batch_size"],
                                                        params["effective_batch_size"],
                                                        params["mixed_precision"], device)
@@ -214,14 +216,22 @@ def bench_training(make_model, tokenizer, data, params, device, steps, baseline_
     return ours.summary(), combined(baseline).summary(), run
 
 
+def side_by_side(run, steps):
+    """(throughput summary of run(False, ...), of run(True, ...)) over `steps` optimizer steps each; the
+    False side runs half its steps before the True side and half after, so a change in load affects both."""
+    reference = [run(False, steps // 2)]
+    changed = run(True, steps)
+    reference.append(run(False, steps - steps // 2))
+    return combined(reference).summary(), changed.summary()
+
+
 def bench_precision(make_model, tokenizer, sequences, labels, params, device, steps, warmup):
-    """(throughput summary in fp32, in bf16 autocast) of the defaults over `steps` optimizer steps
-    each; fp32 runs half its steps before bf16 and half after, so a change in load affects both."""
+    """(throughput summary in fp32, in bf16 autocast) of the defaults, side by side."""
     with tempfile.TemporaryDirectory() as folder:
         data = dataset(folder, "train", sequences, labels)
 
         def run(bf16, n):
-            model = make_model()
+            model = make_model(**recipe(params))
             batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"],
                                                      params["effective_batch_size"], bf16, device)
             # bf16 set here, not through train.mixed_precision: the train stage uses it on a CPU only
@@ -232,10 +242,27 @@ def bench_precision(make_model, tokenizer, sequences, labels, params, device, st
             free_gpu()
             return meter
 
-        fp32 = [run(False, steps // 2)]
-        bf16 = run(True, steps)
-        fp32.append(run(False, steps - steps // 2))
-    return combined(fp32).summary(), bf16.summary()
+        return side_by_side(run, steps)
+
+
+def bench_recipe(make_model, tokenizer, sequences, labels, params, device, steps, warmup):
+    """(throughput summary with the model's own dropout and every weight trained, with train.dropout and
+    train.freeze_embeddings as set) of the defaults otherwise, side by side."""
+    with tempfile.TemporaryDirectory() as folder:
+        data = dataset(folder, "train", sequences, labels)
+
+        def run(as_set, n):
+            model = make_model(**recipe(params)) if as_set else make_model()
+            batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"],
+                                                     params["effective_batch_size"], params["mixed_precision"],
+                                                     device)
+            args = dataclasses.replace(training_arguments(params, folder, device, batch, accumulation), **QUIET,
+                                       save_strategy="no")
+            meter = run_steps(model, args, data, make_collator(tokenizer, device), n, warmup)[0]
+            free_gpu()
+            return meter
+
+        return side_by_side(run, steps)
 
 
 def command(args, cwd):
@@ -305,18 +332,31 @@ def verdict(value, goal, at_least=True):
     return "meets the goal" if ok else "BELOW THE GOAL"
 
 
-def cpu_model():
-    hf_logging.set_verbosity_error()  # the new classifier head is reported as MISSING: expected
+def recipe(params):
+    """The train.* keys that change the model being trained, as make_model takes them."""
+    return {"dropout": params["dropout"], "freeze_embeddings": params["freeze_embeddings"]}
+
+
+AS_LOADED = {"dropout": "model", "freeze_embeddings": False}  # the model trained as it comes
+
+
+def cpu_model(dropout="model", freeze_embeddings=False):
+    """The embedded MiniLM with a 3-class head, loaded as the train stage loads it (seed first)."""
     set_seed(0)
-    return AutoModelForSequenceClassification.from_pretrained(resolve_model("minilm"), num_labels=3)
+    return load_model(resolve_model("minilm"), ["0", "1", "2"], dropout=dropout,
+                      freeze_embeddings=freeze_embeddings)[1]
 
 
-def gpu_model(vocab_size):
+def gpu_model(vocab_size, dropout="model", freeze_embeddings=False):
     """A bert-base-sized classifier (12 layers, hidden 768), randomly initialised: no download."""
     set_seed(0)
     config = BertConfig(vocab_size=vocab_size, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                         intermediate_size=3072, max_position_embeddings=512, num_labels=3)
-    return BertForSequenceClassification(config)
+    if dropout != "model":
+        config.update(dropout_settings(config, dropout))
+    model = BertForSequenceClassification(config)
+    model.get_input_embeddings().weight.requires_grad_(not freeze_embeddings)
+    return model
 
 
 def parse_args():
@@ -367,15 +407,25 @@ def report_precision(fp32, bf16, steps, device):
           f"{GOALS['bf16']}x where the hardware has bf16: {verdict(ratio, GOALS['bf16'])}); {used}")
 
 
-def report_training(ours, baseline, run, max_length, precision, steps, baseline_steps):
+def report_training(ours, baseline, run, max_length, precision, steps, baseline_steps, params):
     ratio = ours["tokens_per_s"] / baseline["tokens_per_s"]
+    frozen = ", token embeddings frozen" if params["freeze_embeddings"] else ""
     print(f"3. training, real tokens/s: defaults {ours['tokens_per_s']:.0f} over {steps} steps (batch "
           f"{run['batch']} x {run['accumulation']} accumulated, max_length {max_length}, longest batch "
-          f"{run['seq_len']}, {precision}, padding {ours['padding_fraction']:.0%}) vs padded to "
-          f"{BASELINE_MAX_LENGTH}, fp32, batch {BASELINE_BATCH} {baseline['tokens_per_s']:.0f} over "
+          f"{run['seq_len']}, {precision}, padding {ours['padding_fraction']:.0%}, dropout "
+          f"{params['dropout']}{frozen}) vs padded to "
+          f"{BASELINE_MAX_LENGTH}, fp32, batch {BASELINE_BATCH}, dropout model {baseline['tokens_per_s']:.0f} over "
           f"{baseline_steps} steps (padding "
           f"{baseline['padding_fraction']:.0%}): {ratio:.1f}x (goal >= {GOALS['train']:.0f}x: "
           f"{verdict(ratio, GOALS['train'])})")
+
+
+def report_recipe(as_model, as_set, steps, params):
+    ratio = as_set["tokens_per_s"] / as_model["tokens_per_s"]
+    frozen = "token embeddings frozen" if params["freeze_embeddings"] else "every weight trained"
+    print(f"   of which train.dropout {params['dropout']}, {frozen}: {as_set['tokens_per_s']:.0f} vs "
+          f"{as_model['tokens_per_s']:.0f} real tokens/s with the model's dropout and every weight trained, "
+          f"{steps} steps each: {ratio:.2f}x")
 
 
 def report_flops(n_params, ours, baseline, peaks, precision):
@@ -439,12 +489,12 @@ def time_training_steps(model, examples, batch_size, steps, padded_collator, dty
     return {**rates, "attention": "varlen_attn" if varlen else "per-text SDPA"}
 
 
-def report_unpadded(make_model, tokenizer, sequences, labels, batch, dtype, steps=30):
+def report_unpadded(make_model, tokenizer, sequences, labels, batch, dtype, params, steps=30):
     """GPU only: padded vs padding-free (stages.unpadded) training steps on the same batches, with
     the model as loaded (attention dropout: per-text SDPA) and without attention dropout (varlen_attn)."""
     examples = [{"input_ids": s, "labels": y} for s, y in zip(sequences, labels)]
     for attention_dropout in (None, 0.0):
-        model = make_model()
+        model = make_model(freeze_embeddings=recipe(params)["freeze_embeddings"])
         if attention_dropout is not None:
             for layer in model.bert.encoder.layer:
                 layer.attention.self.dropout.p = attention_dropout
@@ -506,7 +556,10 @@ def main():
     make_model = functools.partial(gpu_model, len(tokenizer)) if opts.gpu else cpu_model
     ours, baseline, run = bench_training(make_model, tokenizer, (sequences, baseline_sequences, labels), params,
                                          device, opts.steps, baseline_steps, warmup, measure_peak)
-    report_training(ours, baseline, run, max_length, precision, opts.steps, baseline_steps)
+    report_training(ours, baseline, run, max_length, precision, opts.steps, baseline_steps, params)
+    if recipe(params) != AS_LOADED:
+        report_recipe(*bench_recipe(make_model, tokenizer, sequences, labels, params, device, opts.steps, warmup),
+                      opts.steps, params)
     if opts.gpu or cpu_has_bf16():
         report_precision(*bench_precision(make_model, tokenizer, sequences, labels, params, device, opts.steps,
                                           warmup), opts.steps, device)
@@ -518,7 +571,7 @@ def main():
               f"{run['peak_gpu_gb']:.1f} GiB ({run['peak_gpu_fraction']:.0%} of the GPU)")
     report_flops(non_embedding_parameters(make_model()), ours, baseline, run["peaks"], precision)
     if opts.gpu:
-        report_unpadded(make_model, tokenizer, sequences, labels, run["batch"], dtype)
+        report_unpadded(make_model, tokenizer, sequences, labels, run["batch"], dtype, params)
     report_dvc(opts.repo, tokenizer)
     print(f"load average at the end: {load_average()}")
 

@@ -16,7 +16,7 @@ NOT_A_BOOL = "maybe"
 BOOLEANS = ["preprocess.lowercase", "preprocess.unescape_html", "preprocess.replace_urls",
             "preprocess.replace_mentions", "preprocess.normalize_whitespace", "preprocess.drop_duplicates",
             "model.trust_remote_code", "train.group_by_length", "train.mixed_precision", "train.tf32",
-            "train.fused_adamw", "train.pin_memory", "train.unpadded"]
+            "train.fused_adamw", "train.pin_memory", "train.unpadded", "train.freeze_embeddings"]
 # key: the values outside what it allows (zero, negative, too large, a wrong word or kind, as applies)
 BAD_VALUES = {
     "fetch.source": [5], "fetch.train_file": [5], "fetch.test_file": [5], "fetch.sha256": [5],
@@ -29,7 +29,7 @@ BAD_VALUES = {
     "train.epochs": [0, -1], "train.batch_size": [0, "max", 7], "train.effective_batch_size": [0],
     "train.lr": [0, 2, "fast"], "train.weight_decay": [-0.1, 1.5], "train.warmup_ratio": [1, -0.1],
     "train.max_grad_norm": [-1], "train.seed": [-1, 2**32], "train.loader_workers": [-1],
-    "train.checkpoint_steps": [0], "train.num_processes": [0],
+    "train.checkpoint_steps": [0], "train.num_processes": [0], "train.dropout": [1, -0.1, "none"],
     **{key: [NOT_A_BOOL] for key in BOOLEANS},
 }
 # the stage that checks each section first (dvc.yaml lists every stage that reads it)

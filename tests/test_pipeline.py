@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = {"fetch", "preprocess", "tokenize", "split", "train@0", "evaluate"}  # cv.folds [0]: one fold
@@ -171,3 +173,18 @@ def test_padding_free_batches_train_as_well(pipeline):
     assert speed["padding_fraction"] == 0, speed
     set_params(repo, preprocess__replace_mentions=False)
     assert repro(repo) == STAGES - {"fetch"}
+
+
+def test_frozen_token_embeddings_stay_as_loaded(pipeline, tiny_model_dir):
+    repo, _ = pipeline
+    set_params(repo, train__unpadded=False, train__dropout=0.0, train__freeze_embeddings=True)
+    assert repro(repo) - {"evaluate"} == {"train@0"}
+    loaded = load_file(tiny_model_dir / "model.safetensors")
+    trained = load_file(repo / "models/fold-0/model.safetensors")
+    assert torch.equal(trained["bert.embeddings.word_embeddings.weight"], loaded["embeddings.word_embeddings.weight"])
+    # the rest trains, position embeddings included
+    assert not torch.equal(trained["bert.embeddings.position_embeddings.weight"],
+                           loaded["embeddings.position_embeddings.weight"])
+    assert json.loads((repo / "models/fold-0/config.json").read_text())["hidden_dropout_prob"] == 0.0
+    evaluation = json.loads((repo / "reports/evaluate/metrics.json").read_text())
+    assert evaluation["val"]["accuracy"] >= 0.8, evaluation
