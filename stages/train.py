@@ -162,6 +162,8 @@ def load_model(model_source, labels, trust_remote_code=False, dropout="model", f
     tokenizer = AutoTokenizer.from_pretrained(model_source, trust_remote_code=trust_remote_code)
     config = AutoConfig.from_pretrained(model_source, trust_remote_code=trust_remote_code)
     overrides = {} if dropout == "model" else dropout_settings(config, dropout)
+    if dropout != "model" and not overrides:
+        print(f"train.dropout {dropout}: the config of {model_source} names no dropout; it keeps its own")
     # transformers prints a table listing the classifier head as MISSING: that is expected for
     # a fresh head, so say it in one line instead
     transformers.logging.set_verbosity_error()
@@ -243,7 +245,9 @@ def main():
     set_seed(params["seed"])  # before the model is built: seeds the new classifier head
     tokenizer, model = load_model(model_source, labels, model["trust_remote_code"], params["dropout"],
                                   params["freeze_embeddings"])
-    say(f"loaded {model_source}; the {len(labels)}-class classifier head is new (randomly initialised)")
+    say(f"loaded {model_source}; the {len(labels)}-class classifier head is new (randomly initialised); "
+        f"dropout {'as the model has it' if params['dropout'] == 'model' else params['dropout']}" +
+        (", token embeddings frozen" if params["freeze_embeddings"] else ""))
     sequences, label_ids = unpack_sequences(load_file(TOKENIZED / "train.safetensors"))
     train_set = TokenizedDataset.rows(sequences, label_ids, np.flatnonzero(row_folds != fold))
     # sorted by length: evaluation batches pad little, and its logits come back in this known order
