@@ -414,7 +414,7 @@ def report_training(ours, baseline, run, max_length, precision, steps, baseline_
           f"{run['batch']} x {run['accumulation']} accumulated, max_length {max_length}, longest batch "
           f"{run['seq_len']}, {precision}, padding {ours['padding_fraction']:.0%}, dropout "
           f"{params['dropout']}{frozen}) vs padded to "
-          f"{BASELINE_MAX_LENGTH}, fp32, batch {BASELINE_BATCH}, dropout model {baseline['tokens_per_s']:.0f} over "
+          f"{BASELINE_MAX_LENGTH}, fp32, batch {BASELINE_BATCH}, the model's dropout: {baseline['tokens_per_s']:.0f} over "
           f"{baseline_steps} steps (padding "
           f"{baseline['padding_fraction']:.0%}): {ratio:.1f}x (goal >= {GOALS['train']:.0f}x: "
           f"{verdict(ratio, GOALS['train'])})")
