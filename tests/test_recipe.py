@@ -16,8 +16,10 @@ CONFIGS = {
     "deberta-v2": lambda: DebertaV2Config(**TINY),
     "distilbert": lambda: DistilBertConfig(vocab_size=100, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
                                            max_position_embeddings=64),
+    # ModernBERT's dropouts default to 0, where a setting missed would go unnoticed: 0.1 like the others
     "modernbert": lambda: ModernBertConfig(**TINY, pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2,
-                                           sep_token_id=3),
+                                           sep_token_id=3, attention_dropout=0.1, embedding_dropout=0.1,
+                                           mlp_dropout=0.1, classifier_dropout=0.1),
 }
 
 
