@@ -49,7 +49,7 @@ from bench.tokenize_memory import tokenize_memory
 from stages import unpadded
 from stages.common import load_params, pack_sequences, unpack_sequences
 from stages.csvfiles import read_csv
-from stages.models import dropout_settings, resolve_model
+from stages.models import resolve_model, set_dropout
 from stages.fetch import write_builtin
 from stages.preprocess import CLEANING_SWITCHES, PREPROCESS_PARAMS, clean_frame
 from stages.speed import (CountingTrainer, Throughput, autocast_dtype, cpu_bf16_speedup, cpu_has_bf16, peak_memory,
@@ -352,8 +352,7 @@ def gpu_model(vocab_size, dropout="model", freeze_embeddings=False):
     set_seed(0)
     config = BertConfig(vocab_size=vocab_size, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                         intermediate_size=3072, max_position_embeddings=512, num_labels=3)
-    if dropout != "model":
-        config.update(dropout_settings(config, dropout))
+    set_dropout(config, dropout)
     model = BertForSequenceClassification(config)
     model.get_input_embeddings().weight.requires_grad_(not freeze_embeddings)
     return model

@@ -34,6 +34,14 @@ def dropout_settings(config, dropout):
                                       isinstance(value, (int, float)) and not isinstance(value, bool))}
 
 
+def set_dropout(config, dropout):
+    """Sets every dropout of a model's config to `dropout` (train.dropout); "model" leaves them as
+    they are. Returns the attributes set."""
+    settings = {} if dropout == "model" else dropout_settings(config, dropout)
+    config.update(settings)
+    return settings
+
+
 def resolve_model(name):
     """Turn `model.name` into what from_pretrained takes: a builtin's folder, a local model folder,
     or a hub id that is cached or reachable. Anything else is a one-line PipelineError, raised

@@ -39,7 +39,7 @@ from transformers.utils import is_torch_tf32_available
 from stages import checkpoint, folds, unpadded
 from stages.common import (SEEDS, PipelineError, Range, atomic_dir, interactive, load_params, run_main,
                            unpack_sequences)
-from stages.models import dropout_settings, model_params, resolve_model
+from stages.models import model_params, resolve_model, set_dropout
 from stages.progress import ProgressLog
 from stages.processes import agreed_batch_size, join_processes, per_process_batch
 from stages.speed import (CountingTrainer, Throughput, autocast_dtype, check_batch_size, out_of_memory_in_training,
@@ -160,16 +160,16 @@ def load_model(model_source, labels, trust_remote_code=False, dropout="model", f
     probability for every dropout of the model, or "model" for the ones its config has;
     freeze_embeddings: the token-embedding matrix is not trained."""
     tokenizer = AutoTokenizer.from_pretrained(model_source, trust_remote_code=trust_remote_code)
-    config = AutoConfig.from_pretrained(model_source, trust_remote_code=trust_remote_code)
-    overrides = {} if dropout == "model" else dropout_settings(config, dropout)
-    if dropout != "model" and not overrides:
+    config = AutoConfig.from_pretrained(model_source, num_labels=len(labels), trust_remote_code=trust_remote_code,
+                                        id2label=dict(enumerate(labels)),
+                                        label2id={name: i for i, name in enumerate(labels)})
+    if not set_dropout(config, dropout) and dropout != "model":
         print(f"train.dropout {dropout}: the config of {model_source} names no dropout; it keeps its own")
     # transformers prints a table listing the classifier head as MISSING: that is expected for
     # a fresh head, so say it in one line instead
     transformers.logging.set_verbosity_error()
-    model = AutoModelForSequenceClassification.from_pretrained(
-        model_source, num_labels=len(labels), trust_remote_code=trust_remote_code,
-        id2label=dict(enumerate(labels)), label2id={name: i for i, name in enumerate(labels)}, **overrides)
+    model = AutoModelForSequenceClassification.from_pretrained(model_source, config=config,
+                                                               trust_remote_code=trust_remote_code)
     transformers.logging.set_verbosity_warning()
     if freeze_embeddings:
         model.get_input_embeddings().weight.requires_grad_(False)
