@@ -4,8 +4,8 @@
     python -m bench.benchmark --gpu          # one GPU: a randomly initialised bert-base-sized model, bf16
     python -m bench.benchmark --repo PATH    # time the no-op `dvc repro` in an existing, reproduced repo
 
-Prints six measurements, each as a ratio against a baseline measured in the same run, so a
-busy machine slows both sides alike (the load average is printed too):
+Prints six measurements (seven with --compile), each as a ratio against a baseline measured in
+the same run, so a busy machine slows both sides alike (the load average is printed too):
 1. tokenization of the embedded corpus: the tokenize stage's function vs one tokenizer call per
    row with padding="max_length", return_tensors="pt";
 2. the tokenize stage's peak memory on the corpus copied 10 times vs on the corpus;
@@ -19,7 +19,9 @@ busy machine slows both sides alike (the load average is printed too):
    machine's matmul peak in the precision the defaults train in (bf16 where the hardware has it),
    measured with large square matmuls in short bursts between the defaults' training steps;
 6. wall time of a no-op `dvc repro` over a reproduced pipeline (built here with a tiny model
-   unless --repo names one).
+   unless --repo names one);
+7. with --compile only: training the embedded MiniLM at the train stage's settings compiled
+   (train.compile: torch.compile) vs eager.
 Needs no network: the corpus and the tokenizer are embedded; the GPU model is built from a BertConfig.
 """
 import argparse
@@ -61,6 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 BASELINE_MAX_LENGTH = 128  # the usual recipe pads every text to this
 BASELINE_BATCH = 32
 GOALS = {"tokenize": 3.0, "memory": 1.3, "train": 3.0, "bf16": 1.6, "mfu": 0.5, "dvc_s": 3.0}
+COMPILE_WARMUP = 10  # steps: the row for torch.compile times what follows its compiling
 QUIET = {"disable_tqdm": True, "logging_strategy": "no", "eval_strategy": "no", "report_to": "none"}
 
 
@@ -265,6 +268,34 @@ def bench_recipe(make_model, tokenizer, sequences, labels, params, device, steps
         return side_by_side(run, steps)
 
 
+def bench_compile(tokenizer, sequences, labels, params, device, steps, warmup):
+    """(throughput summary eager, compiled (train.compile), seconds of the compiled side's warm-up
+    steps, compiling included) of the embedded MiniLM at the train stage's settings, side by side."""
+    compiling = []
+    with tempfile.TemporaryDirectory() as folder:
+        data = dataset(folder, "train", sequences, labels)
+
+        def run(compiled, n):
+            model = minilm_model(**recipe(params))
+            batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"],
+                                                     params["effective_batch_size"], params["mixed_precision"],
+                                                     device)
+            settings = {**params, "compile": compiled}
+            args = dataclasses.replace(training_arguments(settings, folder, device, batch, accumulation), **QUIET,
+                                       save_strategy="no")
+            start = time.perf_counter()
+            # compiled: enough warm-up steps for the first batch shape and the recompile a second one brings
+            meter = run_steps(model, args, data, make_collator(tokenizer, device), n,
+                              COMPILE_WARMUP if compiled else warmup)[0]
+            if compiled:
+                compiling.append(time.perf_counter() - start - meter.seconds)
+            free_gpu()
+            return meter
+
+        eager, compiled = side_by_side(run, steps)
+    return eager, compiled, compiling[0]
+
+
 def command(args, cwd):
     """Run a command with this interpreter's folder first on PATH (dvc.yaml says `python`)."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
@@ -340,7 +371,7 @@ def recipe(params):
 AS_LOADED = {"dropout": "model", "freeze_embeddings": False}  # the model trained as it comes
 
 
-def cpu_model(dropout="model", freeze_embeddings=False):
+def minilm_model(dropout="model", freeze_embeddings=False):
     """The embedded MiniLM with a 3-class head, loaded as the train stage loads it (seed first)."""
     set_seed(0)
     return load_model(resolve_model("minilm"), ["0", "1", "2"], dropout=dropout,
@@ -372,6 +403,9 @@ def parse_args():
     parser.add_argument("--tokenizer", type=Path,
                         help="folder of the tokenizer (and config.json) to use instead of the embedded MiniLM's, "
                              "e.g. on a machine where the 88 MB model package cannot be installed")
+    parser.add_argument("--compile", action="store_true",
+                        help="add row 7: train.compile vs eager, side by side, with the embedded MiniLM at "
+                             "params.yaml's train settings (a minute or more of compiling on a CPU)")
     parser.add_argument("--effective-batch-size", type=int,
                         help="overrides train.effective_batch_size (GPU default 1024: at 32 a big GPU idles)")
     return parser.parse_args()
@@ -451,6 +485,14 @@ def report_dvc(repo_option, tokenizer):
           f"{verdict(seconds, GOALS['dvc_s'], at_least=False)})")
 
 
+def report_compile(eager, compiled, compile_s, steps, params):
+    ratio = compiled["tokens_per_s"] / eager["tokens_per_s"]
+    print(f"7. train.compile (torch.compile) vs eager, the embedded MiniLM at the train stage's settings (effective "
+          f"batch {params['effective_batch_size']}): {compiled['tokens_per_s']:.0f} vs {eager['tokens_per_s']:.0f} "
+          f"real tokens/s over {steps} steps each: {ratio:.2f}x (the compiled side's {COMPILE_WARMUP} untimed "
+          f"warm-up steps, compiling included: {compile_s:.0f} s)")
+
+
 def time_training_steps(model, examples, batch_size, steps, padded_collator, dtype=None, warmup=2):
     """Real tokens per second of `steps` training steps (forward, backward, AdamW) of `model`
     on padded batches (padded_collator, e.g. the train stage's) and on packed ones (stages.unpadded),
@@ -525,6 +567,7 @@ def main():
     preprocess = load_params("preprocess", PREPROCESS_PARAMS)
     tokenize = load_params("tokenize", TOKENIZE_PARAMS)
     params = load_params("train", TRAIN_PARAMS)
+    stage_params = dict(params)  # as the train stage has them, for row 7
     if opts.effective_batch_size or opts.gpu:
         params["effective_batch_size"] = opts.effective_batch_size or 1024
     baseline_steps = opts.baseline_steps or (100 if opts.gpu else 8)
@@ -552,7 +595,7 @@ def main():
     sizes = [8192] if opts.gpu else [1024, 2048]
     measure_peak = functools.partial(matmul_peak, device, peak_dtype, sizes, seconds=0.5)
     sequences, _ = tokenize_texts(tokenizer, train_texts, max_length)
-    make_model = functools.partial(gpu_model, len(tokenizer)) if opts.gpu else cpu_model
+    make_model = functools.partial(gpu_model, len(tokenizer)) if opts.gpu else minilm_model
     ours, baseline, run = bench_training(make_model, tokenizer, (sequences, baseline_sequences, labels), params,
                                          device, opts.steps, baseline_steps, warmup, measure_peak)
     report_training(ours, baseline, run, max_length, precision, opts.steps, baseline_steps, params)
@@ -572,6 +615,9 @@ def main():
     if opts.gpu:
         report_unpadded(make_model, tokenizer, sequences, labels, run["batch"], dtype, params)
     report_dvc(opts.repo, tokenizer)
+    if opts.compile:
+        report_compile(*bench_compile(tokenizer, sequences, labels, stage_params, device, opts.steps, warmup),
+                       opts.steps, stage_params)
     print(f"load average at the end: {load_average()}")
 
 

@@ -11,6 +11,7 @@ marked K and trains on all the others) and data/processed/labels.json. Writes, f
   processes together, peak memory of the largest process, batch size, number of processes).
 Runs on the GPU when there is one (mixed precision, batch size probed to fit), else on the CPU (bf16
 where the CPU has bf16 instructions, else fp32); train.mixed_precision: false keeps fp32 on both.
+train.compile hands the model to torch.compile (through Trainer's torch_compile settings).
 
 Checkpoints every train.checkpoint_steps steps into checkpoints/fold-K; a rerun with the same
 settings resumes from the newest, and Ctrl-C or SIGTERM saves one before stopping (stages/checkpoint.py).
@@ -53,7 +54,7 @@ TRAIN_PARAMS = {"epochs": (float, Range(0, low_open=True)), "batch_size": (int, 
                 "weight_decay": (float, Range(0, 1)), "warmup_ratio": (float, Range(0, 1, high_open=True)),
                 "max_grad_norm": (float, Range(0)), "seed": (int, SEEDS), "group_by_length": (bool,),
                 "mixed_precision": (bool,), "tf32": (bool,), "fused_adamw": (bool,), "pin_memory": (bool,),
-                "unpadded": (bool,), "dropout": (float, "model", Range(0, 1, high_open=True)),
+                "unpadded": (bool,), "compile": (bool,), "dropout": (float, "model", Range(0, 1, high_open=True)),
                 "freeze_embeddings": (bool,), "loader_workers": (int, Range(0)), "checkpoint_steps": (int, Range(1)),
                 "num_processes": (int, Range(1))}
 
@@ -141,6 +142,7 @@ def training_arguments(params, output_dir, device, batch_size, accumulation):
         dataloader_num_workers=params["loader_workers"] if cuda else 0,
         dataloader_persistent_workers=cuda and params["loader_workers"] > 0,
         use_cpu=not cuda,  # also what makes several processes on a CPU talk through gloo
+        torch_compile=params["compile"],
         eval_strategy="epoch",
         save_strategy="steps",  # checkpoints to resume from; the finished model goes to models/fold-K
         save_steps=params["checkpoint_steps"],
@@ -275,6 +277,8 @@ def main():
     if params["unpadded"]:
         say("train.unpadded: padding-free batches" if packed else
             f"train.unpadded: {type(model).__name__} is not a BERT-style classifier; padded batches instead")
+    if params["compile"]:
+        say("train.compile: torch.compile; the first batches are slow while each new batch shape is compiled")
     with checkpoint.StopOnSignal(verbose=main_process) as stop:
         trainer = CountingTrainer(
             model=unpadded.UnpaddedClassifier(model) if packed else model,  # it trains `model` itself

@@ -16,7 +16,8 @@ NOT_A_BOOL = "maybe"
 BOOLEANS = ["preprocess.lowercase", "preprocess.unescape_html", "preprocess.replace_urls",
             "preprocess.replace_mentions", "preprocess.normalize_whitespace", "preprocess.drop_duplicates",
             "model.trust_remote_code", "train.group_by_length", "train.mixed_precision", "train.tf32",
-            "train.fused_adamw", "train.pin_memory", "train.unpadded", "train.freeze_embeddings"]
+            "train.fused_adamw", "train.pin_memory", "train.unpadded", "train.freeze_embeddings",
+            "train.compile"]
 # key: the values outside what it allows (zero, negative, too large, a wrong word or kind, as applies)
 BAD_VALUES = {
     "fetch.source": [5], "fetch.train_file": [5], "fetch.test_file": [5], "fetch.sha256": [5],
