@@ -190,18 +190,24 @@ def test_frozen_token_embeddings_stay_as_loaded(pipeline, tiny_model_dir):
     assert evaluation["val"]["accuracy"] >= 0.8, evaluation
 
 
-def test_a_compiled_model_trains_as_the_eager_one(pipeline):
-    repo, _ = pipeline
-    set_params(repo, train__unpadded=False, train__dropout=0.0, train__freeze_embeddings=True, train__compile=False)
+def test_a_compiled_model_trains_as_the_eager_one(tmp_path, tiny_data_dir, tiny_model_dir, monkeypatch):
+    # a repo of its own: one short epoch, so that fp32 rounding differences stay small enough to compare
+    repo = init_pipeline_repo(tmp_path / "repo", tiny_data_dir, tiny_model_dir, train__epochs=1,
+                              train__effective_batch_size=16, train__compile=False)
     repro(repo)
-    eager = pd.read_csv(repo / "predictions/fold-0/oof.csv")
+    eager = load_file(repo / "models/fold-0/model.safetensors")
+    eager_oof = pd.read_csv(repo / "predictions/fold-0/oof.csv")
+    compiled_code = tmp_path / "inductor"  # where torch.compile's Inductor writes the kernels it generates
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(compiled_code))
     set_params(repo, train__compile=True)
     ran, log = repro(repo, with_log=True)
     assert ran - {"evaluate"} == {"train@0"}
     assert "train.compile: torch.compile; the first batches are slow" in log
-    compiled = pd.read_csv(repo / "predictions/fold-0/oof.csv")
-    # the same arithmetic in fused kernels: fp32 rounding differs, over 170 steps it stays small
-    assert compiled.columns.tolist() == eager.columns.tolist() and compiled["row"].equals(eager["row"])
-    difference = (compiled.drop(columns="row") - eager.drop(columns="row")).abs().max().max()
-    print("largest probability difference", difference)
-    assert difference < 1e-3
+    assert list(compiled_code.rglob("*.py")), "Inductor generated no code: the model was not compiled"
+    compiled = load_file(repo / "models/fold-0/model.safetensors")
+    assert compiled.keys() == eager.keys()  # saved as the model itself, not as a compiled wrapper
+    # the same arithmetic in fused kernels, rounded differently: after 17 steps the same to 4 decimals
+    assert max((compiled[k] - eager[k]).abs().max().item() for k in eager) < 1e-4
+    oof = pd.read_csv(repo / "predictions/fold-0/oof.csv")
+    assert oof["row"].equals(eager_oof["row"])
+    assert (oof.drop(columns="row") - eager_oof.drop(columns="row")).abs().max().max() < 1e-4
