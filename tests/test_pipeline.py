@@ -178,7 +178,7 @@ def test_padding_free_batches_train_as_well(pipeline):
 def test_frozen_token_embeddings_stay_as_loaded(pipeline, tiny_model_dir):
     repo, _ = pipeline
     set_params(repo, train__unpadded=False, train__dropout=0.0, train__freeze_embeddings=True)
-    assert repro(repo) - {"evaluate"} == {"train@0"}
+    repro(repo)  # trains unless the repo already holds a model trained so (these are the defaults)
     loaded = load_file(tiny_model_dir / "model.safetensors")
     trained = load_file(repo / "models/fold-0/model.safetensors")
     assert torch.equal(trained["bert.embeddings.word_embeddings.weight"], loaded["embeddings.word_embeddings.weight"])
