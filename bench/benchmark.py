@@ -248,6 +248,18 @@ def bench_precision(make_model, tokenizer, sequences, labels, params, device, st
         return side_by_side(run, steps)
 
 
+def train_as_the_stage(model, params, tokenizer, sequences, data, folder, device, steps, warmup):
+    """Throughput of `steps` optimizer steps of `model` with the train stage's settings from `params`
+    (its batch size picked as the stage picks it), without checkpoints, which would be timed."""
+    batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"], params["effective_batch_size"],
+                                             params["mixed_precision"], device)
+    args = dataclasses.replace(training_arguments(params, folder, device, batch, accumulation), **QUIET,
+                               save_strategy="no")
+    meter = run_steps(model, args, data, make_collator(tokenizer, device), steps, warmup)[0]
+    free_gpu()
+    return meter
+
+
 def bench_recipe(make_model, tokenizer, sequences, labels, params, device, steps, warmup):
     """(throughput summary with the model's own dropout and every weight trained, with train.dropout and
     train.freeze_embeddings as set) of the defaults otherwise, side by side."""
@@ -256,14 +268,7 @@ def bench_recipe(make_model, tokenizer, sequences, labels, params, device, steps
 
         def run(as_set, n):
             model = make_model(**recipe(params)) if as_set else make_model()
-            batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"],
-                                                     params["effective_batch_size"], params["mixed_precision"],
-                                                     device)
-            args = dataclasses.replace(training_arguments(params, folder, device, batch, accumulation), **QUIET,
-                                       save_strategy="no")
-            meter = run_steps(model, args, data, make_collator(tokenizer, device), n, warmup)[0]
-            free_gpu()
-            return meter
+            return train_as_the_stage(model, params, tokenizer, sequences, data, folder, device, n, warmup)
 
         return side_by_side(run, steps)
 
@@ -277,19 +282,12 @@ def bench_compile(tokenizer, sequences, labels, params, device, steps, warmup):
 
         def run(compiled, n):
             model = minilm_model(**recipe(params))
-            batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"],
-                                                     params["effective_batch_size"], params["mixed_precision"],
-                                                     device)
-            settings = {**params, "compile": compiled}
-            args = dataclasses.replace(training_arguments(settings, folder, device, batch, accumulation), **QUIET,
-                                       save_strategy="no")
             start = time.perf_counter()
             # compiled: enough warm-up steps for the first batch shape and the recompile a second one brings
-            meter = run_steps(model, args, data, make_collator(tokenizer, device), n,
-                              COMPILE_WARMUP if compiled else warmup)[0]
+            meter = train_as_the_stage(model, {**params, "compile": compiled}, tokenizer, sequences, data, folder,
+                                       device, n, COMPILE_WARMUP if compiled else warmup)
             if compiled:
                 compiling.append(time.perf_counter() - start - meter.seconds)
-            free_gpu()
             return meter
 
         eager, compiled = side_by_side(run, steps)
@@ -535,7 +533,7 @@ def report_unpadded(make_model, tokenizer, sequences, labels, batch, dtype, para
     the model as loaded (attention dropout: per-text SDPA) and without attention dropout (varlen_attn)."""
     examples = [{"input_ids": s, "labels": y} for s, y in zip(sequences, labels)]
     for attention_dropout in (None, 0.0):
-        model = make_model(freeze_embeddings=recipe(params)["freeze_embeddings"])
+        model = make_model(freeze_embeddings=params["freeze_embeddings"])
         if attention_dropout is not None:
             for layer in model.bert.encoder.layer:
                 layer.attention.self.dropout.p = attention_dropout
