@@ -161,17 +161,20 @@ class StopOnSignal(TrainerCallback):
             self.group = torch.distributed.new_group(backend="gloo")
 
     def agreed_signal(self):
-        if self.group is not None:
-            flag = torch.tensor([self.signum])
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self.group)
-            self.signum = int(flag.item())
-        return self.signum
+        """The signal any process received (0 for none). It never overwrites self.signum: a signal
+        caught while this process waits in all_reduce is handled only once the call returns, after
+        this process sent 0 for this step, and must count at the next one."""
+        if self.group is None:
+            return self.signum
+        flag = torch.tensor([self.signum])
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self.group)
+        return int(flag.item())
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= state.max_steps:  # the same step in every process: no need to agree
             control.should_save = False  # the finished model goes to models/fold-K, not a checkpoint
-        elif self.agreed_signal():
-            self.stopped = self.signum
+        elif signum := self.agreed_signal():
+            self.stopped = signum
             control.should_save = control.should_training_stop = True
 
     def on_epoch_end(self, args, state, control, **kwargs):

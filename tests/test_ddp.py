@@ -2,11 +2,21 @@
 torchrun (gloo on this CPU), and the run writes its outputs once and ends close to a
 single-process run on the same data."""
 import json
+import multiprocessing
+import os
 import re
 import signal
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
+import torch
+from transformers import TrainerControl, TrainerState
+
+from stages import checkpoint
 
 from tests.test_pipeline import dvc, set_params
 from tests.test_resume import (copy_repo, interrupt_training, one_thread,  # noqa: F401 (a fixture used here too)
@@ -89,3 +99,41 @@ def test_a_signal_to_one_process_stops_all_at_one_step_and_the_run_resumes(runs,
     assert f"resuming from checkpoints/fold-0/checkpoint-{halted[1]}: step {halted[1]} of {halted[2]}" in rerun, rerun
     assert metrics(repo)["eval"]["accuracy"] >= 0.8
     assert not (repo / "checkpoints/fold-0").exists()
+
+
+def step_two_processes(rank, init_file, result_file):
+    """One of two gloo processes calling StopOnSignal.on_step_end as Trainer does, for up to 5 steps.
+    At step 2 rank 0 comes 3 s late (as while it saves a checkpoint), and rank 1 is sent SIGTERM
+    0.5 s into its wait for it: Python runs the handler only once the wait (a C call) returns."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    state, control = TrainerState(max_steps=5), TrainerControl()
+    with checkpoint.StopOnSignal(verbose=False) as stop:
+        stop.on_train_begin(SimpleNamespace(world_size=2), state, control)  # of Trainer's args it reads world_size
+        while not control.should_training_stop and state.global_step < state.max_steps:
+            state.global_step += 1
+            if state.global_step == 2 and rank == 0:
+                time.sleep(3)
+            if state.global_step == 2 and rank == 1:
+                threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            stop.on_step_end(None, state, control)
+    Path(result_file).write_text(json.dumps({"step": state.global_step, "stopped": stop.stopped}))
+
+
+def test_a_signal_that_arrives_while_the_processes_agree_is_not_lost(tmp_path):
+    """The signal reaches rank 1 while it waits for rank 0 to agree on step 2; it was received
+    after rank 1 sent its answer for that step, so both must stop at the next one, not run on."""
+    spawn = multiprocessing.get_context("spawn")
+    results = [tmp_path / f"rank-{rank}.json" for rank in (0, 1)]
+    processes = [spawn.Process(target=step_two_processes, args=(rank, tmp_path / "init", results[rank]))
+                 for rank in (0, 1)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+        if process.exitcode is None:
+            process.kill()
+    assert [process.exitcode for process in processes] == [0, 0], "a process failed or waited for the other forever"
+    ends = [json.loads(result.read_text()) for result in results]
+    # step 3 when the signal came during the wait, as timed; step 2 only if rank 1 stalled 0.5 s
+    # before it answered for step 2 (the signal was then in that answer)
+    assert ends[0] == ends[1] and ends[0]["step"] in (2, 3) and ends[0]["stopped"] == signal.SIGTERM, ends
