@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The system packages the tests use, on Debian or Ubuntu: Chromium (the plots test renders
-# `dvc plots show` in it) with fonts for the chart labels, and python3-venv where Debian leaves
-# it out. Everything else, the SSH and S3 test servers included, comes from PyPI
+# `dvc plots show` in it) with fonts for the chart labels, PostgreSQL (the tuning tests share a
+# study through a server they start), and python3-venv where Debian leaves it out. Everything else, the SSH and S3 test servers included, comes from PyPI
 # (requirements-dev.txt). Installs only what is missing, as root or through sudo; a second run
 # installs nothing. scripts/test.sh runs it.
 set -euo pipefail
@@ -16,6 +16,7 @@ if [ "${ID:-}" = ubuntu ]; then
   # tests use Playwright's own Chromium (scripts/test.sh installs it once the virtualenv exists)
   browser=()
 fi
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
 if [ ${#browser[@]} -gt 0 ] && ! command -v chromium >/dev/null; then
   missing+=("${browser[@]}")
 fi

@@ -192,12 +192,13 @@ def seconds_since_start():
 IMPORTED = time.perf_counter()
 
 
-def run_main(main):
+def run_main(main, tool=None):
     """Run a stage's main(); a PipelineError becomes one line on stderr and exit code 1. When main
-    returns the paths it wrote, a last line says what they hold and how long the stage took."""
-    name = stage_name(sys.argv)
+    returns the paths it wrote, a last line says what they hold and how long the stage took. A tool
+    that drives the pipeline from outside (tool: its name, e.g. "tune") is not a stage run."""
+    name = tool or stage_name(sys.argv)
     log = os.environ.get("PIPELINE_STAGE_LOG")
-    if log:  # tests set this to see which stage commands really executed
+    if log and not tool:  # tests set this to see which stage commands really executed
         with open(log, "a", encoding="utf-8") as f:
             f.write(name + "\n")
     try:

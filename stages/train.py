@@ -20,6 +20,7 @@ each with its share of every batch (DistributedDataParallel); only the first wri
 """
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -37,9 +38,9 @@ from transformers.integrations import DVCLiveCallback
 from transformers.trainer_callback import PrinterCallback
 from transformers.utils import is_torch_tf32_available
 
-from stages import checkpoint, folds, unpadded
+from stages import checkpoint, folds, pruning, unpadded
 from stages.common import (SEEDS, PipelineError, Range, atomic_dir, interactive, load_params, run_main,
-                           unpack_sequences)
+                           seconds_since_start, unpack_sequences)
 from stages.models import model_params, resolve_model, set_dropout
 from stages.progress import ProgressLog
 from stages.processes import agreed_batch_size, join_processes, per_process_batch
@@ -56,7 +57,7 @@ TRAIN_PARAMS = {"epochs": (float, Range(0, low_open=True)), "batch_size": (int, 
                 "mixed_precision": (bool,), "tf32": (bool,), "fused_adamw": (bool,), "pin_memory": (bool,),
                 "unpadded": (bool,), "compile": (bool,), "dropout": (float, "model", Range(0, 1, high_open=True)),
                 "freeze_embeddings": (bool,), "loader_workers": (int, Range(0)), "checkpoint_steps": (int, Range(1)),
-                "num_processes": (int, Range(1))}
+                "num_processes": (int, Range(1)), "evaluations": (int, "epoch", Range(1))}
 
 
 class TokenizedDataset(torch.utils.data.Dataset):
@@ -77,17 +78,18 @@ class TokenizedDataset(torch.utils.data.Dataset):
 
 
 class ValidationScores:
-    """Trainer's compute_metrics, keeping the logits of the latest evaluation: after the last one,
-    those are the fold's out-of-fold predictions, with no second pass over the validation rows."""
+    """Trainer's compute_metrics, keeping the logits and scores of the latest evaluation: after the last
+    one, those are the fold's out-of-fold predictions, with no second pass over the validation rows."""
 
     def __init__(self):
-        self.logits = None
+        self.logits, self.latest = None, {}
 
     def __call__(self, eval_pred):
         self.logits, labels = eval_pred
         predictions = np.argmax(self.logits, axis=-1)
-        return {"accuracy": accuracy_score(labels, predictions),
-                "f1_macro": f1_score(labels, predictions, average="macro")}
+        self.latest = {"accuracy": accuracy_score(labels, predictions),
+                       "f1_macro": f1_score(labels, predictions, average="macro")}
+        return self.latest
 
 
 def evaluated_at_end(state):
@@ -143,7 +145,8 @@ def training_arguments(params, output_dir, device, batch_size, accumulation):
         dataloader_persistent_workers=cuda and params["loader_workers"] > 0,
         use_cpu=not cuda,  # also what makes several processes on a CPU talk through gloo
         torch_compile=params["compile"],
-        eval_strategy="epoch",
+        # train.evaluations n: pruning.EvaluateEvenly asks for each of the n evaluations itself
+        eval_strategy="epoch" if params["evaluations"] == "epoch" else "no",
         save_strategy="steps",  # checkpoints to resume from; the finished model goes to models/fold-K
         save_steps=params["checkpoint_steps"],
         save_total_limit=1,  # the newest is all a resumed run needs
@@ -242,6 +245,12 @@ def main():
         raise PipelineError(f"--fold {fold}: {folds.FOLDS_CSV} has folds 0 to {fold_count - 1} "
                             "(cv.folds): rerun `dvc repro split`, or pick one of those")
     out = folds.outputs(fold)
+    trial = pruning.TrialLink.from_env()  # set by python -m tune: this run is a trial of a study
+    if trial and trial.by == "fold" and main_process and pruning.prune_at_fold(trial, fold):
+        print(f"pruned: trial {trial.number} of study {trial.study!r} scored too low on the folds before "
+              f"fold {fold}, which does not start")
+        print(f"train@{fold}: pruned in {seconds_since_start():.1f} s")
+        sys.exit(pruning.PRUNED_EXIT_CODE)
     use_expandable_segments()
 
     set_seed(params["seed"])  # before the model is built: seeds the new classifier head
@@ -279,6 +288,13 @@ def main():
             f"train.unpadded: {type(model).__name__} is not a BERT-style classifier; padded batches instead")
     if params["compile"]:
         say("train.compile: torch.compile; the first batches are slow while each new batch shape is compiled")
+    callbacks = [LiveCallback(live=live)] if live else []
+    if params["evaluations"] != "epoch":
+        callbacks.append(pruning.EvaluateEvenly(params["evaluations"]))
+    reporter = None
+    if trial and trial.by == "evaluation":
+        n = params["evaluations"] if params["evaluations"] != "epoch" else math.ceil(params["epochs"])
+        callbacks.append(reporter := pruning.EvaluationReporter(trial, n, main_process))
     with checkpoint.StopOnSignal(verbose=main_process) as stop:
         trainer = CountingTrainer(
             model=unpadded.UnpaddedClassifier(model) if packed else model,  # it trains `model` itself
@@ -287,13 +303,14 @@ def main():
             eval_dataset=val_set,
             data_collator=unpadded.collate if packed else collator,
             compute_metrics=scores,
-            callbacks=[LiveCallback(live=live), stop, ProgressLog()] if live else [stop, ProgressLog()],
+            callbacks=[*callbacks, stop, ProgressLog()],
             throughput=throughput,
         )
         trainer.remove_callback(PrinterCallback)  # it prints a dict per log; ProgressLog prints for people
         try:
             trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-            if not stop.stopped and not evaluated_at_end(trainer.state):  # the out-of-fold predictions
+            pruned = reporter is not None and reporter.pruned
+            if not stop.stopped and not pruned and not evaluated_at_end(trainer.state):  # the out-of-fold predictions
                 trainer.evaluate()
         except torch.cuda.OutOfMemoryError:
             raise PipelineError(out_of_memory_in_training(batch_size, seq_len)) from None
@@ -301,6 +318,14 @@ def main():
         say(f"stopped by {signal.Signals(stop.stopped).name} at step {trainer.state.global_step} of "
             f"{trainer.state.max_steps}; saved a checkpoint in {out['checkpoints']}: rerun to resume from it")
         sys.exit(128 + stop.stopped)  # the shell's convention for "ended by this signal"
+    if pruned:  # nothing is written: a half-trained model must not become the cached result of these params
+        if main_process:
+            checkpoint.remove(out["checkpoints"])
+        say(f"pruned: trial {trial.number} of study {trial.study!r} stopped at evaluation {reporter.pruned} "
+            f"of {reporter.n} (step {trainer.state.global_step} of {trainer.state.max_steps}), its validation "
+            f"{trial.metric} {scores.latest.get(trial.metric, float('nan')):.4f} too low to go on")
+        say(f"train@{fold}: pruned in {seconds_since_start():.1f} s")
+        sys.exit(pruning.PRUNED_EXIT_CODE)
 
     # summed or maxed over the processes: every process takes part
     speed = {**throughput.summary(), **peak_memory(), "batch_size": batch_size,
@@ -324,6 +349,8 @@ def main():
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     checkpoint.remove(out["checkpoints"])
+    if trial and trial.by == "fold":  # written: the fold's score may now count against the trial
+        pruning.report_fold(trial, fold, scores.latest.get(trial.metric, float("nan")), trainer.state.global_step)
     return [out["model"], out["predictions"], out["live"]]
 
 

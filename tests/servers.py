@@ -261,3 +261,65 @@ def s3_server(folder, bucket="dvc-remote"):
 
     with serving("SeaweedFS (weed mini)", folder / "weed.log", start):
         yield servers[-1]
+
+
+# ---- PostgreSQL (Debian's postgresql) --------------------------------------------------------
+
+POSTGRES_HINT = "apt-get install postgresql (scripts/install-system-packages.sh installs it)"
+
+
+@dataclass(frozen=True)
+class PostgresServer:
+    port: int
+    user: str
+    password: str
+
+    def url(self, password=None, database="postgres"):
+        return f"postgresql://{self.user}:{password or self.password}@127.0.0.1:{self.port}/{database}"
+
+
+def postgres_program(name):
+    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    return require_program(name, *reversed(found), package="postgresql", hint=POSTGRES_HINT)
+
+
+@contextmanager
+def postgres_server():
+    """A throwaway PostgreSQL cluster on a free port of 127.0.0.1, with one user and a password
+    (scram-sha-256). PostgreSQL refuses to run as root: as root, it runs as the postgres user, in a
+    folder of its own under /tmp (pytest's folders are closed to other users)."""
+    import tempfile
+
+    initdb, postgres = postgres_program("initdb"), postgres_program("postgres")
+    as_user = []
+    folder = Path(tempfile.mkdtemp(prefix="pg-test-"))
+    if os.geteuid() == 0:
+        import pwd
+
+        owner = pwd.getpwnam("postgres")
+        os.chown(folder, owner.pw_uid, owner.pw_gid)
+        as_user = [require_program("runuser", "/usr/sbin/runuser", package="util-linux", hint="apt-get install util-linux"),
+                   "-u", "postgres", "--"]
+    password = os.urandom(9).hex()  # throwaway, this run only
+    pwfile = folder / "pw"
+    pwfile.write_text(password + "\n")
+    if as_user:
+        os.chown(pwfile, owner.pw_uid, owner.pw_gid)
+    try:
+        result = subprocess.run([*as_user, initdb, "-D", str(folder / "data"), "-U", "tuner", f"--pwfile={pwfile}",
+                                 "--auth=scram-sha-256", "-E", "UTF8", "--no-sync"], capture_output=True, text=True)
+        if result.returncode:
+            pytest.fail(f"initdb failed ({result.returncode}):\n{result.stderr[-2000:]}", pytrace=False)
+        ports = []
+
+        def start():
+            ports.append(free_port())
+            cmd = [*as_user, postgres, "-D", str(folder / "data"), "-p", str(ports[-1]), "-k", str(folder),
+                   "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"]
+            return cmd, lambda: accepts_connections(ports[-1])
+
+        log = Path(tempfile.mkdtemp(prefix="pg-log-")) / "postgres.log"
+        with serving("PostgreSQL", log, start):
+            yield PostgresServer(port=ports[-1], user="tuner", password=password)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -31,11 +31,18 @@ BAD_VALUES = {
     "train.lr": [0, 2, "fast"], "train.weight_decay": [-0.1, 1.5], "train.warmup_ratio": [1, -0.1],
     "train.max_grad_norm": [-1], "train.seed": [-1, 2**32], "train.loader_workers": [-1],
     "train.checkpoint_steps": [0], "train.num_processes": [0], "train.dropout": [1, -0.1, "none"],
+    "train.evaluations": [0, "epochs"],
+    "tune.study": ["a/b", 5], "tune.trials": [0], "tune.metric": ["val.f2", 5], "tune.direction": ["up"],
+    "tune.seed": [-1], "tune.pruner": ["always"], "tune.evaluations": [0], "tune.heartbeat": [0, 3601],
+    "tune.storage": [5, "postgresql://tuner:hunter2@db/studies"],
+    "tune.space": [{}, {"train.nope": {"low": 1, "high": 2}}, {"train.lr": {"low": 0.1, "high": 0.01}}],
     **{key: [NOT_A_BOOL] for key in BOOLEANS},
 }
-# the stage that checks each section first (dvc.yaml lists every stage that reads it)
-STAGE_OF = {"fetch": "fetch", "preprocess": "preprocess", "model": "tokenize", "tokenize": "tokenize",
-            "cv": "split", "split": "split", "train": "train"}
+# the module that checks each section first (dvc.yaml lists every stage that reads it; python -m tune
+# reads the tune section, which no stage does)
+MODULE_OF = {"fetch": "stages.fetch", "preprocess": "stages.preprocess", "model": "stages.tokenize",
+             "tokenize": "stages.tokenize", "cv": "stages.split", "split": "stages.split", "train": "stages.train",
+             "tune": "tune"}
 
 
 def params_keys():
@@ -53,7 +60,7 @@ def run_stage_with(tmp_path, key, value):
     params[section][name] = value
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
-    return subprocess.run([sys.executable, "-m", f"stages.{STAGE_OF[section]}"], cwd=tmp_path, env=env,
+    return subprocess.run([sys.executable, "-m", MODULE_OF[section]], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -61,7 +61,8 @@ def init_pipeline_repo(repo, data_dir, model_dir, **params):
     repo.mkdir(parents=True, exist_ok=True)
     for name in PROJECT_FILES:
         shutil.copy(REPO / name, repo / name)
-    shutil.copytree(REPO / "stages", repo / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("stages", "tune"):
+        shutil.copytree(REPO / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
     set_params(repo, fetch__source=str(data_dir), model__name=str(model_dir), **{**TINY_PARAMS, **params})
     run(["git", "init", "-q", "-b", "main"], repo)
     run(["git", "config", "user.name", "pipeline-test"], repo)
