@@ -165,11 +165,21 @@ def step_peak_memory(model, batch_size, seq_len, dtype):
     return torch.cuda.max_memory_allocated(device)
 
 
+def memory_budget(free, total, reserved_here, headroom=MEMORY_HEADROOM):
+    """The bytes a training step of this process may peak at: MEMORY_HEADROOM of the GPU's memory less
+    what other processes hold there (another tuning worker or queued experiment on the same GPU, a
+    notebook): those hold what is neither free nor reserved by this process."""
+    held_by_others = max(0, total - free - reserved_here)
+    return headroom * (total - held_by_others)
+
+
 def cuda_fits(model, batch_size, seq_len, dtype):
-    """Whether a training step at batch_size x seq_len tokens fits in GPU memory with
-    MEMORY_HEADROOM to spare. Leaves the model's weights unchanged."""
-    total = torch.cuda.get_device_properties(next(model.parameters()).device).total_memory
+    """Whether a training step at batch_size x seq_len tokens fits in this process's share of GPU
+    memory (memory_budget) with MEMORY_HEADROOM to spare. Leaves the model's weights unchanged."""
+    device = next(model.parameters()).device
     torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    budget = memory_budget(free, total, torch.cuda.memory_reserved(device))
     try:
         peak = step_peak_memory(model, batch_size, seq_len, dtype)
     except torch.cuda.OutOfMemoryError:
@@ -177,7 +187,7 @@ def cuda_fits(model, batch_size, seq_len, dtype):
     model.zero_grad(set_to_none=True)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()  # training's peak memory is reported, not the probe's
-    return peak is not None and peak <= MEMORY_HEADROOM * total
+    return peak is not None and peak <= budget
 
 
 class EpochSeededLengthGroupedSampler(LengthGroupedSampler):

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from stages.common import PipelineError, load_params, pack_sequences, unpack_sequences
 from stages.speed import (BF16_MIN_SPEEDUP, CountingTrainer, Throughput, choose_batch_size, cpu_bf16_speedup,
-                          cpu_has_bf16, cuda_fits, find_batch_size, precision_note)
+                          cpu_has_bf16, cuda_fits, find_batch_size, memory_budget, precision_note)
 from stages.tokenize import auto_max_length, model_limit
 from stages.train import TRAIN_PARAMS, TokenizedDataset, make_collator, training_arguments
 
@@ -149,6 +149,16 @@ def test_batch_finder_reports_what_fits_when_nothing_or_too_much_is_asked():
     with pytest.raises(PipelineError, match=r"train.batch_size 12 does not divide the 32 examples .* use auto or "
                                             r"one of 1, 2, 4, 8, 16, 32$"):
         choose_batch_size(12, 32, fits, seq_len=64)
+
+
+def test_a_gpu_shared_with_other_processes_gives_this_one_its_share():
+    gb = 2**30
+    # alone on an 80 GB GPU, holding 2 GB of weights: 85% of all of it
+    assert memory_budget(free=78 * gb, total=80 * gb, reserved_here=2 * gb) == pytest.approx(0.85 * 80 * gb)
+    # another worker holds 30 GB: 85% of the 50 GB left to this one, not of 80
+    assert memory_budget(free=48 * gb, total=80 * gb, reserved_here=2 * gb) == pytest.approx(0.85 * 50 * gb)
+    # the driver may report a little more free than total - reserved: never more than the whole GPU
+    assert memory_budget(free=80 * gb, total=80 * gb, reserved_here=2 * gb) == pytest.approx(0.85 * 80 * gb)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="probes real GPU memory")
