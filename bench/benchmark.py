@@ -65,6 +65,9 @@ BASELINE_BATCH = 32
 GOALS = {"tokenize": 3.0, "memory": 1.3, "train": 3.0, "bf16": 1.6, "mfu": 0.5, "dvc_s": 3.0}
 COMPILE_WARMUP = 10  # steps: the row for torch.compile times what follows its compiling
 QUIET = {"disable_tqdm": True, "logging_strategy": "no", "eval_strategy": "no", "report_to": "none"}
+# the machine section as the stage would have it, but no checkpoints: writing them would be timed as training
+NO_CHECKPOINTS = {"checkpoint_dir": "unused", "checkpoint_minutes": float("inf"), "checkpoint_steps": None,
+                  "loader_workers": 2, "pin_memory": True}
 
 
 def sync():
@@ -205,7 +208,7 @@ def bench_training(make_model, tokenizer, data, params, device, steps, baseline_
                                                        params["effective_batch_size"],
                                                        params["mixed_precision"], device)
         # no checkpoints: writing them would be timed as training
-        args = dataclasses.replace(training_arguments(params, folder, device, batch, accumulation), **QUIET,
+        args = dataclasses.replace(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation), **QUIET,
                                    save_strategy="no")
         ours, peaks = run_steps(model, args, dataset(folder, "ours", sequences, labels),
                                 make_collator(tokenizer, device), steps, warmup, measure_peak)
@@ -239,7 +242,7 @@ def bench_precision(make_model, tokenizer, sequences, labels, params, device, st
                                                      params["effective_batch_size"], bf16, device)
             # bf16 set here, not through train.mixed_precision: the train stage uses it on a CPU only
             # where it measured bf16 faster, and this row is that measurement for training as a whole
-            args = dataclasses.replace(training_arguments({**params, "mixed_precision": False}, folder, device,
+            args = dataclasses.replace(training_arguments({**params, "mixed_precision": False}, NO_CHECKPOINTS, folder, device,
                                                           batch, accumulation), **QUIET, save_strategy="no", bf16=bf16)
             meter = run_steps(model, args, data, make_collator(tokenizer, device), n, warmup)[0]
             free_gpu()
@@ -253,7 +256,7 @@ def train_as_the_stage(model, params, tokenizer, sequences, data, folder, device
     (its batch size picked as the stage picks it), without checkpoints, which would be timed."""
     batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"], params["effective_batch_size"],
                                              params["mixed_precision"], device)
-    args = dataclasses.replace(training_arguments(params, folder, device, batch, accumulation), **QUIET,
+    args = dataclasses.replace(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation), **QUIET,
                                save_strategy="no")
     meter = run_steps(model, args, data, make_collator(tokenizer, device), steps, warmup)[0]
     free_gpu()

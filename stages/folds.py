@@ -1,7 +1,6 @@
 """Folds: which training rows each fold validates on (the split stage's data/split/folds.csv),
 where each fold's outputs live, and the class-probability files that a fold's train stage writes
 and evaluate combines."""
-import os
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +12,6 @@ from stages.csvfiles import read_csv
 FOLDS_CSV = Path("data/split/folds.csv")
 PREDICTIONS = Path("predictions")  # predictions/fold-<k>/{oof,test}.csv
 DECIMALS = "%.7g"  # a float32 probability's precision: shorter files, the same argmax
-# the folder of the train stage's checkpoints (checkpoints/fold-<k>) when set: a choice of the machine,
-# such as a folder that outlives it, so not a param (it changes no result and reruns nothing)
-CHECKPOINTS_ENV = "PIPELINE_CHECKPOINTS"
 
 
 def read_folds(path=FOLDS_CSV):
@@ -29,10 +25,10 @@ def fold_count(folds):
 
 
 def outputs(fold):
-    """Where fold `fold` writes: its model, its predictions, its training curves, its checkpoints."""
+    """Where fold `fold` writes: its model, its predictions, its training curves (its checkpoints:
+    stages.checkpoint.folder)."""
     return {"model": Path(f"models/fold-{fold}"), "predictions": PREDICTIONS / f"fold-{fold}",
-            "live": Path(f"reports/train/fold-{fold}"),
-            "checkpoints": Path(os.environ.get(CHECKPOINTS_ENV) or "checkpoints") / f"fold-{fold}"}
+            "live": Path(f"reports/train/fold-{fold}")}
 
 
 def probabilities_frame(rows, probabilities, labels):

@@ -130,19 +130,31 @@ def cpu_bf16_speedup(size=1024, burst_seconds=0.08):
     return across_processes([rates[torch.bfloat16] / rates[torch.float32]], "min")[0]
 
 
+def gpu_autocast_dtype(capability):
+    """bf16 on GPUs whose tensor cores compute it (compute capability 8.0 and up: A100, L4, H100, RTX 30xx
+    on); fp16 with loss scaling on older ones (T4, V100: 7.x). torch.cuda.is_bf16_supported() is true on a
+    T4 too, where bf16 is emulated and slow, so the capability decides."""
+    return torch.bfloat16 if capability >= (8, 0) else torch.float16
+
+
 def autocast_dtype(mixed_precision, device):
-    """The autocast dtype for training and prediction, None for fp32: on a GPU bf16 where it has it,
-    else fp16 (with loss scaling); on a CPU bf16 where it has bf16 instructions and they are faster
+    """The autocast dtype for training and prediction, None for fp32: on a GPU bf16 where it is native,
+    else fp16 (gpu_autocast_dtype); on a CPU bf16 where it has bf16 instructions and they are faster
     than fp32 here (cpu_bf16_speedup)."""
     if not mixed_precision:
         return None
     if device == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return gpu_autocast_dtype(torch.cuda.get_device_capability())
     return torch.bfloat16 if cpu_has_bf16() and cpu_bf16_speedup() >= BF16_MIN_SPEEDUP else None
 
 
 def precision_note(mixed_precision, device):
-    """Why a CPU with bf16 instructions trains in fp32 anyway, for the log ("" when nothing to say)."""
+    """Why the precision is not bf16, for the log ("" when nothing to say): a GPU without native bf16,
+    or a CPU with bf16 instructions that are not faster than fp32."""
+    if mixed_precision and device == "cuda" and autocast_dtype(True, device) == torch.float16:
+        major, minor = torch.cuda.get_device_capability()
+        return (f" with loss scaling ({torch.cuda.get_device_name()}, compute capability {major}.{minor}, "
+                "has no native bf16)")
     if mixed_precision and device == "cpu" and cpu_has_bf16() and autocast_dtype(True, device) is None:
         return (f" (this CPU has bf16 instructions, but multiplies bf16 matrices {cpu_bf16_speedup():.2f}x as fast "
                 f"as fp32, below the {BF16_MIN_SPEEDUP}x it takes to use them)")

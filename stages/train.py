@@ -13,8 +13,10 @@ Runs on the GPU when there is one (mixed precision, batch size probed to fit), e
 where the CPU has bf16 instructions, else fp32); train.mixed_precision: false keeps fp32 on both.
 train.compile hands the model to torch.compile (through Trainer's torch_compile settings).
 
-Checkpoints every train.checkpoint_steps steps into checkpoints/fold-K; a rerun with the same
-settings resumes from the newest, and Ctrl-C or SIGTERM saves one before stopping (stages/checkpoint.py).
+Checkpoints every machine.checkpoint_minutes into <machine.checkpoint_dir>/fold-K; a rerun with the
+same settings resumes from the newest, and Ctrl-C or SIGTERM saves one before stopping
+(stages/checkpoint.py). The machine section holds what this machine needs and the result does not
+depend on: no stage declares it in dvc.yaml, so changing it reruns nothing.
 With train.num_processes N > 1 it relaunches itself under torchrun: N processes, one per GPU,
 each with its share of every batch (DistributedDataParallel); only the first writes outputs.
 """
@@ -54,10 +56,11 @@ TRAIN_PARAMS = {"epochs": (float, Range(0, low_open=True)), "batch_size": (int, 
                 "effective_batch_size": (int, Range(1)), "lr": (float, Range(0, 1, low_open=True)),
                 "weight_decay": (float, Range(0, 1)), "warmup_ratio": (float, Range(0, 1, high_open=True)),
                 "max_grad_norm": (float, Range(0)), "seed": (int, SEEDS), "group_by_length": (bool,),
-                "mixed_precision": (bool,), "tf32": (bool,), "fused_adamw": (bool,), "pin_memory": (bool,),
+                "mixed_precision": (bool,), "tf32": (bool,), "fused_adamw": (bool,),
                 "unpadded": (bool,), "compile": (bool,), "dropout": (float, "model", Range(0, 1, high_open=True)),
-                "freeze_embeddings": (bool,), "loader_workers": (int, Range(0)), "checkpoint_steps": (int, Range(1)),
-                "num_processes": (int, Range(1)), "evaluations": (int, "epoch", Range(1))}
+                "freeze_embeddings": (bool,), "num_processes": (int, Range(1)), "evaluations": (int, "epoch", Range(1))}
+MACHINE_PARAMS = {"checkpoint_dir": (str,), "checkpoint_minutes": (float, Range(0, low_open=True)),
+                  "checkpoint_steps": (int, None, Range(1)), "loader_workers": (int, Range(0)), "pin_memory": (bool,)}
 
 
 class TokenizedDataset(torch.utils.data.Dataset):
@@ -118,8 +121,8 @@ def make_collator(tokenizer, device):
     return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if device == "cuda" else None)
 
 
-def training_arguments(params, output_dir, device, batch_size, accumulation):
-    """Trainer's settings; output_dir receives the checkpoints."""
+def training_arguments(params, machine, output_dir, device, batch_size, accumulation):
+    """Trainer's settings from the train and machine sections; output_dir receives the checkpoints."""
     cuda = device == "cuda"
     dtype = autocast_dtype(params["mixed_precision"], device)
     return TrainingArguments(
@@ -139,16 +142,18 @@ def training_arguments(params, output_dir, device, batch_size, accumulation):
         fp16=dtype == torch.float16,  # with a gradient scaler
         tf32=params["tf32"] if cuda and is_torch_tf32_available() else None,  # None: leave torch's setting
         optim="adamw_torch_fused" if params["fused_adamw"] else "adamw_torch",
-        dataloader_pin_memory=params["pin_memory"] and cuda,
+        dataloader_pin_memory=machine["pin_memory"] and cuda,
         # on the CPU, loader workers would take cores from the model
-        dataloader_num_workers=params["loader_workers"] if cuda else 0,
-        dataloader_persistent_workers=cuda and params["loader_workers"] > 0,
+        dataloader_num_workers=machine["loader_workers"] if cuda else 0,
+        dataloader_persistent_workers=cuda and machine["loader_workers"] > 0,
         use_cpu=not cuda,  # also what makes several processes on a CPU talk through gloo
         torch_compile=params["compile"],
         # train.evaluations n: pruning.EvaluateEvenly asks for each of the n evaluations itself
         eval_strategy="epoch" if params["evaluations"] == "epoch" else "no",
-        save_strategy="steps",  # checkpoints to resume from; the finished model goes to models/fold-K
-        save_steps=params["checkpoint_steps"],
+        # checkpoints to resume from (the finished model goes to models/fold-K): every checkpoint_steps
+        # when set; every checkpoint_minutes in any case (StopOnSignal asks for those)
+        save_strategy="steps" if machine["checkpoint_steps"] else "no",
+        save_steps=machine["checkpoint_steps"] or 1,
         save_total_limit=1,  # the newest is all a resumed run needs
         logging_strategy="steps",
         logging_steps=0.02,  # a fraction: about 50 points on the loss curve whatever the data size
@@ -228,6 +233,7 @@ def parse_fold(argv):
 def main():
     fold = parse_fold(sys.argv[1:])
     params = load_params("train", TRAIN_PARAMS)
+    machine = load_params("machine", MACHINE_PARAMS)
     check_batch_size(params["batch_size"], per_process_batch(params["effective_batch_size"], params["num_processes"]))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     world_size, rank = join_processes(params["num_processes"], device)
@@ -244,7 +250,7 @@ def main():
     if not 0 <= fold < fold_count:
         raise PipelineError(f"--fold {fold}: {folds.FOLDS_CSV} has folds 0 to {fold_count - 1} "
                             "(cv.folds): rerun `dvc repro split`, or pick one of those")
-    out = folds.outputs(fold)
+    out = {**folds.outputs(fold), "checkpoints": checkpoint.folder(fold, machine["checkpoint_dir"])}
     trial = pruning.TrialLink.from_env()  # set by python -m tune: this run is a trial of a study
     if trial and trial.by == "fold" and main_process and pruning.prune_at_fold(trial, fold):
         print(f"pruned: trial {trial.number} of study {trial.study!r} scored too low on the folds before "
@@ -256,6 +262,8 @@ def main():
     set_seed(params["seed"])  # before the model is built: seeds the new classifier head
     tokenizer, model = load_model(model_source, labels, model["trust_remote_code"], params["dropout"],
                                   params["freeze_embeddings"])
+    if main_process:  # a checkpoint that cannot be saved must stop the run now, not after an hour
+        checkpoint.check_writable(out["checkpoints"].parent, checkpoint.checkpoint_bytes(model))
     say(f"loaded {model_source}; the {len(labels)}-class classifier head is new (randomly initialised); "
         f"dropout {'as the model has it' if params['dropout'] == 'model' else params['dropout']}" +
         (", token embeddings frozen" if params["freeze_embeddings"] else ""))
@@ -276,7 +284,6 @@ def main():
     inputs = sorted(TOKENIZED.glob("*.safetensors")) + [LABELS, folds.FOLDS_CSV]
     trained_with = checkpoint.fingerprint(params, model_name, world_size, batch_size, accumulation,
                                           checkpoint.file_digest(inputs))
-    trained_with["precision"] = str(dtype or torch.float32)  # train.mixed_precision may mean either, by machine
     resume = checkpoint.prepare(trained_with, out["checkpoints"], main_process=main_process)
     live = open_live(resume, out["live"]) if main_process else None
     if live:  # the device this run was given: with a queue worker per GPU (README), which one each took
@@ -295,10 +302,10 @@ def main():
     if trial and trial.by == "evaluation":
         n = params["evaluations"] if params["evaluations"] != "epoch" else math.ceil(params["epochs"])
         callbacks.append(reporter := pruning.EvaluationReporter(trial, n, main_process))
-    with checkpoint.StopOnSignal(verbose=main_process) as stop:
+    with checkpoint.StopOnSignal(verbose=main_process, save_every=60 * machine["checkpoint_minutes"]) as stop:
         trainer = CountingTrainer(
             model=unpadded.UnpaddedClassifier(model) if packed else model,  # it trains `model` itself
-            args=training_arguments(params, str(out["checkpoints"]), device, batch_size, accumulation),
+            args=training_arguments(params, machine, str(out["checkpoints"]), device, batch_size, accumulation),
             train_dataset=train_set,
             eval_dataset=val_set,
             data_collator=unpadded.collate if packed else collator,

@@ -91,7 +91,7 @@ def test_a_signal_to_one_process_stops_all_at_one_step_and_the_run_resumes(runs,
     """A scheduler may signal one process only: the others must stop at the same step (or they
     would wait for it forever), the main one saving the checkpoint the rerun resumes from."""
     repo = copy_repo(runs["base"], tmp_path / "repo")
-    set_params(repo, train__num_processes=2, train__checkpoint_steps=5)
+    set_params(repo, train__num_processes=2, machine__checkpoint_steps=5)
     stopped = interrupt_training(repo, signal.SIGTERM, min_step=10, target_of=second_process)
     halted = re.search(r"stopped by SIGTERM at step (\d+) of (\d+); saved a checkpoint in checkpoints/fold-0", stopped)
     assert halted, stopped

@@ -16,7 +16,7 @@ NOT_A_BOOL = "maybe"
 BOOLEANS = ["preprocess.lowercase", "preprocess.unescape_html", "preprocess.replace_urls",
             "preprocess.replace_mentions", "preprocess.normalize_whitespace", "preprocess.drop_duplicates",
             "model.trust_remote_code", "train.group_by_length", "train.mixed_precision", "train.tf32",
-            "train.fused_adamw", "train.pin_memory", "train.unpadded", "train.freeze_embeddings",
+            "train.fused_adamw", "machine.pin_memory", "train.unpadded", "train.freeze_embeddings",
             "train.compile"]
 # key: the values outside what it allows (zero, negative, too large, a wrong word or kind, as applies)
 BAD_VALUES = {
@@ -29,8 +29,9 @@ BAD_VALUES = {
     "split.val_size": [0, 1, -0.1], "split.seed": [-1, 2**32],
     "train.epochs": [0, -1], "train.batch_size": [0, "max", 7], "train.effective_batch_size": [0],
     "train.lr": [0, 2, "fast"], "train.weight_decay": [-0.1, 1.5], "train.warmup_ratio": [1, -0.1],
-    "train.max_grad_norm": [-1], "train.seed": [-1, 2**32], "train.loader_workers": [-1],
-    "train.checkpoint_steps": [0], "train.num_processes": [0], "train.dropout": [1, -0.1, "none"],
+    "train.max_grad_norm": [-1], "train.seed": [-1, 2**32], "machine.loader_workers": [-1],
+    "machine.checkpoint_steps": [0, 2.5], "machine.checkpoint_minutes": [0, -1], "machine.checkpoint_dir": [5, None],
+    "train.num_processes": [0], "train.dropout": [1, -0.1, "none"],
     "train.evaluations": [0, "epochs"],
     "tune.study": ["a/b", 5], "tune.trials": [0], "tune.metric": ["val.f2", 5], "tune.direction": ["up"],
     "tune.seed": [-1], "tune.pruner": ["always"], "tune.evaluations": [0], "tune.heartbeat": [0, 3601],
@@ -42,7 +43,7 @@ BAD_VALUES = {
 # reads the tune section, which no stage does)
 MODULE_OF = {"fetch": "stages.fetch", "preprocess": "stages.preprocess", "model": "stages.tokenize",
              "tokenize": "stages.tokenize", "cv": "stages.split", "split": "stages.split", "train": "stages.train",
-             "tune": "tune"}
+             "machine": "stages.train", "tune": "tune"}
 
 
 def params_keys():

@@ -22,11 +22,11 @@ from tests.test_pipeline import dvc, init_pipeline_repo, stage_env
 
 # 8 epochs of 9 optimizer steps (270 texts, 16 per micro-batch, 2 accumulated): long enough to
 # stop it in the middle, and a checkpoint every 5 steps, so most land inside an epoch.
-RESUME_PARAMS = dict(train__epochs=8, train__checkpoint_steps=5)
+RESUME_PARAMS = dict(train__epochs=8, machine__checkpoint_steps=5)
 STEPS_PER_EPOCH = 9
 TOTAL_STEPS = 8 * STEPS_PER_EPOCH
 WAIT_S = 120  # for a checkpoint to appear, or for a stopped `dvc repro` to end
-CHECKPOINTS = folds.outputs(0)["checkpoints"]  # one fold (cv.folds [0]): train@0's checkpoints
+CHECKPOINTS = checkpoint.folder(0, "checkpoints")  # one fold (cv.folds [0]): train@0's checkpoints
 
 
 def tokenized_repo(root, data_dir, model_dir, **params):
@@ -221,14 +221,17 @@ def test_other_processes_only_read(tmp_path, capsys):
     assert json.loads((folder / checkpoint.FINGERPRINT).read_text()) == FINGERPRINT
 
 
-def test_checkpoint_steps_is_not_part_of_the_fingerprint():
-    params = {"lr": 0.01, "checkpoint_steps": 5}
+def test_a_checkpoint_carries_over_to_another_gpu_with_the_same_effective_batch():
+    def fingerprint(batch, accumulation, group_by_length=False, **changes):
+        params = {"lr": 0.01, "group_by_length": group_by_length, **changes}
+        return checkpoint.fingerprint(params, "m", 1, batch, accumulation, "ab")
 
-    def fingerprint(**changes):
-        return checkpoint.fingerprint({**params, **changes}, "m", 1, 16, 2, "ab")
-
-    assert fingerprint() == fingerprint(checkpoint_steps=50)
-    assert fingerprint() != fingerprint(lr=0.02)
+    # a runtime that reconnects on another GPU probes another micro-batch: the same 32 examples per step
+    assert fingerprint(16, 2) == fingerprint(32, 1) == fingerprint(8, 4)
+    assert fingerprint(16, 2) != fingerprint(16, 1)  # another effective batch is another run
+    # length groups are cut by the micro-batch: the rest of the epoch would be drawn in other groups
+    assert fingerprint(16, 2, group_by_length=True) != fingerprint(32, 1, group_by_length=True)
+    assert fingerprint(16, 2) != fingerprint(16, 2, lr=0.02)
 
 
 def test_length_grouped_order_is_a_function_of_seed_and_epoch():

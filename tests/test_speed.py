@@ -12,9 +12,9 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from stages.common import PipelineError, load_params, pack_sequences, unpack_sequences
 from stages.speed import (BF16_MIN_SPEEDUP, CountingTrainer, Throughput, choose_batch_size, cpu_bf16_speedup,
-                          cpu_has_bf16, cuda_fits, find_batch_size, memory_budget, precision_note)
+                          cpu_has_bf16, cuda_fits, find_batch_size, gpu_autocast_dtype, memory_budget, precision_note)
 from stages.tokenize import auto_max_length, model_limit
-from stages.train import TRAIN_PARAMS, TokenizedDataset, make_collator, training_arguments
+from stages.train import MACHINE_PARAMS, TRAIN_PARAMS, TokenizedDataset, make_collator, training_arguments
 
 WORDS = "the flight was awful and late again but the crew were great and the food was fine".split()
 
@@ -37,6 +37,9 @@ def dataset_file(tmp_path, tokenizer, n):
 
 def train_params(**changes):
     return {**load_params("train", TRAIN_PARAMS), **changes}
+
+
+MACHINE = load_params("machine", MACHINE_PARAMS)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])  # the collator's settings for each; the model runs on CPU
@@ -68,7 +71,7 @@ def test_length_grouping_yields_every_example_once_per_epoch(tmp_path, tokenizer
     lengths = [len(s) for s in dataset.sequences]
 
     def trainer(group_by_length):
-        args = training_arguments(train_params(group_by_length=group_by_length), str(tmp_path), "cpu", 8, 2)
+        args = training_arguments(train_params(group_by_length=group_by_length), MACHINE, str(tmp_path), "cpu", 8, 2)
         return CountingTrainer(model=tiny_classifier, args=args, train_dataset=dataset, eval_dataset=dataset,
                                data_collator=make_collator(tokenizer, "cpu"), throughput=Throughput())
 
@@ -83,11 +86,12 @@ def test_length_grouping_yields_every_example_once_per_epoch(tmp_path, tokenizer
 
 
 def test_cpu_trains_in_bf16_only_where_bf16_is_faster_and_in_the_main_process(tmp_path):
-    args = training_arguments(train_params(mixed_precision=True, loader_workers=2), str(tmp_path), "cpu", 8, 4)
+    args = training_arguments(train_params(mixed_precision=True), {**MACHINE, "loader_workers": 2}, str(tmp_path),
+                              "cpu", 8, 4)
     faster = cpu_has_bf16() and cpu_bf16_speedup() >= BF16_MIN_SPEEDUP
     assert args.bf16 == faster and not args.fp16
     assert (precision_note(True, "cpu") != "") == (cpu_has_bf16() and not faster)
-    off = training_arguments(train_params(mixed_precision=False), str(tmp_path), "cpu", 8, 4)
+    off = training_arguments(train_params(mixed_precision=False), MACHINE, str(tmp_path), "cpu", 8, 4)
     assert not off.bf16 and not off.fp16
     assert args.dataloader_num_workers == 0 and not args.dataloader_pin_memory
     assert args.gradient_accumulation_steps == 4 and args.optim == "adamw_torch_fused"
@@ -151,6 +155,13 @@ def test_batch_finder_reports_what_fits_when_nothing_or_too_much_is_asked():
         choose_batch_size(12, 32, fits, seq_len=64)
 
 
+@pytest.mark.parametrize("capability, dtype", [((7, 5), torch.float16), ((7, 0), torch.float16), ((6, 1), torch.float16),
+                                               ((8, 0), torch.bfloat16), ((8, 9), torch.bfloat16), ((9, 0), torch.bfloat16)])
+def test_gpus_without_native_bf16_train_in_fp16(capability, dtype):
+    # a T4 (7.5) says torch.cuda.is_bf16_supported(), but emulates bf16: it must get fp16 with loss scaling
+    assert gpu_autocast_dtype(capability) == dtype
+
+
 def test_a_gpu_shared_with_other_processes_gives_this_one_its_share():
     gb = 2**30
     # alone on an 80 GB GPU, holding 2 GB of weights: 85% of all of it
@@ -192,7 +203,7 @@ def test_throughput_counts_every_example_and_real_token(tmp_path, tokenizer, tin
     dataset = dataset_file(tmp_path, tokenizer, 40)
     dataset.labels = [i % 3 for i in range(40)]
     throughput = Throughput()
-    args = training_arguments(train_params(epochs=2, warmup_ratio=0.0), str(tmp_path), "cpu", 8, 1)
+    args = training_arguments(train_params(epochs=2, warmup_ratio=0.0), MACHINE, str(tmp_path), "cpu", 8, 1)
     CountingTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=dataset,
                     data_collator=make_collator(tokenizer, "cpu"), throughput=throughput).train()
     real = 2 * sum(len(s) for s in dataset.sequences)

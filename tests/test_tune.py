@@ -262,7 +262,7 @@ def guards(repo):
 def test_a_stopped_and_a_killed_worker_resume_from_the_checkpoint(tmp_path, tiny_data_dir, tiny_model_dir):
     # a long enough trial to stop in the middle, checkpoints every few steps, heartbeats every 2 s
     repo = tune_repo(tmp_path / "repo", tiny_data_dir, tiny_model_dir, trials=1, train__epochs=20,
-                     train__checkpoint_steps=5, tune__heartbeat=2, tune__pruner="none")
+                     machine__checkpoint_steps=5, tune__heartbeat=2, tune__pruner="none")
     checkpoints = repo / "checkpoints/fold-0"
     # Ctrl-C: the tuner passes it to the trial, whose train stage saves a checkpoint; the study is kept
     tuner = tuner_process(repo)

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from stages.common import PipelineError, run_main
+from stages.common import PipelineError, load_params, run_main
 from stages.progress import duration
 from stages.pruning import TrialLink, make_pruner
 from tune import trials as trial_runs
@@ -27,7 +27,6 @@ from tune.settings import (TUNING, current_values, evaluated_metric, finite, loa
                            parse_enqueued, pruning_plan, storage_url)
 from tune.study import open_storage, scrub
 
-CHECKPOINTS = Path("checkpoints")  # a trial's train stage checkpoints here, in this clone, so a rerun resumes
 MAX_FAILURES_IN_A_ROW = 3
 
 
@@ -159,6 +158,8 @@ def main():
     print(f"; pruner {pruner} (by {by})" if pruner != "none" else "; no pruning")
     fixed = {"train.evaluations": settings["evaluations"]} if by == "evaluation" and pruner != "none" else {}
     failures, current = [], {}
+    # trials run in temporary copies: their checkpoints go to this clone's folder, where a rerun finds them
+    checkpoints = Path(load_params("machine").get("checkpoint_dir", "checkpoints")).expanduser().resolve()
 
     def objective(trial):
         current["trial"] = trial.number
@@ -168,7 +169,7 @@ def main():
         link = TrialLink(url, name, trial._trial_id, trial.number, evaluated_metric(metric) or "f1_macro", by, pruner)
         log = logs / f"trial-{trial.number}.log"
         print(f"trial {trial.number} ({experiment}): {describe(params)}; log {log}", flush=True)
-        outcome = trial_runs.run(experiment, {**params, **fixed}, link, log, CHECKPOINTS.resolve())
+        outcome = trial_runs.run(experiment, {**params, **fixed}, link, log, checkpoints)
         trial.set_user_attr("seconds", round(outcome.seconds, 1))
         trial.set_user_attr("train_seconds", round(outcome.train_seconds, 1))
         took = f"in {duration(outcome.seconds)} (training {duration(outcome.train_seconds)})"

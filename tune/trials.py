@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from stages.folds import CHECKPOINTS_ENV
+from stages.checkpoint import CHECKPOINTS_ENV
 from stages.pruning import TRIAL_ENV
 from tune.settings import TUNING, yaml_value
 
