@@ -102,7 +102,7 @@ def test_first_repro_runs_every_stage_and_writes_outputs(pipeline):
         assert (repo / path).is_file(), path
     config = json.loads((repo / "models/fold-0/config.json").read_text())
     assert sorted(config["id2label"].values()) == ["negative", "neutral", "positive"]
-    assert json.loads((repo / "reports/tokenize/lengths.json").read_text())["train"]["max"] > 5
+    assert json.loads((repo / "reports/tokenize/lengths.json").read_text())["tokens"]["train"]["max"] > 5
     assert not list(repo.glob("**/.*.tmp-*")), "a temp folder was left behind"
 
 
@@ -123,7 +123,7 @@ def test_model_learns_and_metrics_are_reported(pipeline):
     repo, _ = pipeline
     shown = json.loads(dvc("metrics", "show", "--json", cwd=repo).stdout)[""]["data"]
     assert shown["reports/train/fold-0/metrics.json"]["data"]["eval"]["f1_macro"] >= 0.8
-    assert "p99" in shown["reports/tokenize/lengths.json"]["data"]["train"]
+    assert "p99" in shown["reports/tokenize/lengths.json"]["data"]["tokens"]["train"]
     evaluation = json.loads((repo / "reports/evaluate/metrics.json").read_text())
     # three classes: chance is about 0.33; the keyword data is easy for a model that learns
     assert evaluation["val"]["accuracy"] >= 0.8, evaluation
@@ -132,6 +132,15 @@ def test_model_learns_and_metrics_are_reported(pipeline):
     # the holdout score is the one training reported for its last evaluation: the same predictions
     assert evaluation["val"]["f1_macro"] == pytest.approx(
         shown["reports/train/fold-0/metrics.json"]["data"]["eval"]["f1_macro"], abs=1e-4)
+
+
+def test_the_readmes_first_look_is_a_short_table_of_the_scores(pipeline):
+    repo, _ = pipeline
+    command = re.search(r"^(dvc exp show --drop .*)$", (REPO / "README.md").read_text(), re.M)[1]
+    keep = re.search(r"--keep '([^']+)'", command)[1]
+    table = dvc("exp", "show", "--csv", "--drop", ".*", "--keep", keep, cwd=repo).stdout
+    header = table.splitlines()[0].split(",")
+    assert header == ["Experiment", "val.accuracy", "val.f1_macro", "test.accuracy", "test.f1_macro"], header
 
 
 def test_submission_has_one_row_per_test_id(pipeline, tiny_data_dir):
