@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from stages import checkpoint, folds
+from stages import checkpoint
 from stages.speed import EpochSeededLengthGroupedSampler
 from tests.test_pipeline import dvc, init_pipeline_repo, stage_env
 

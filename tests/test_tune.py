@@ -5,7 +5,6 @@ with three); two workers in two clones share one study; a stopped or killed work
 retried and resumes from its checkpoint; bad settings fail in one line; the report draws in Chromium."""
 import io
 import json
-import os
 import re
 import signal
 import subprocess
@@ -22,7 +21,7 @@ from sklearn.metrics import f1_score
 
 from tests.servers import free_port, postgres_server, require_module
 from tests.test_experiments import clone, experiments_by_name
-from tests.test_pipeline import commit_all, dvc, init_pipeline_repo, repro, run, set_params, stage_env
+from tests.test_pipeline import commit_all, dvc, init_pipeline_repo, repro, run, stage_env
 from tests.test_plots import CHROMIUM_FLAGS, RENDER_TIMEOUT_MS, chromium_path
 from tune.settings import yaml_value
 

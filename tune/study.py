@@ -1,12 +1,14 @@
 """Opening a study (Optuna's RDB storage: the SQLite default or PostgreSQL) with one-line errors that
-never show a password, and reading its trials back as plain rows for the table, the report, the best
-trial and the blend."""
+never show a password; creating it with its objective and first trials; and reading its trials back
+as plain rows for the table, the report, the best trial and the blend."""
 import re
+import subprocess
 import time
 from dataclasses import dataclass
 
 from stages.common import PipelineError, redact
-from stages.pruning import engine_kwargs
+from stages.pruning import engine_kwargs, make_pruner
+from tune.settings import current_values
 
 
 def scrub(text, url):
@@ -57,6 +59,75 @@ def load_study(storage, name, url):
         known = [s.study_name for s in optuna.get_all_study_summaries(storage)]
         raise PipelineError(f"tune storage {scrub(url, url)} has no study {name!r}"
                             + (f"; it has {', '.join(known)}" if known else "")) from None
+
+
+def create_study(storage, settings, metric, pruner, by, fold_count):
+    """The study, created with the pruner and objective, or loaded when it exists (then those must be
+    what it was created with)."""
+    import optuna
+
+    name = settings["study"]
+    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    trials_so_far = existing[name].n_trials if name in existing else 0
+    # reseeded by the number of trials so far, so that a resumed study's suggestions are reproducible too
+    sampler = optuna.samplers.TPESampler(seed=settings["seed"] + trials_so_far, constant_liar=True,
+                                         n_startup_trials=min(10, max(2, settings["trials"] // 3)))
+    options = dict(study_name=name, storage=storage, sampler=sampler, pruner=make_pruner(pruner))
+    try:  # only one of several workers starting a new study at once creates it (the database decides)
+        study = optuna.create_study(**options, direction=settings["direction"])
+        study.set_user_attr("metric", metric)
+        study.set_user_attr("folds", fold_count)
+        study.set_user_attr("pruning", [pruner, by])
+        return study, True
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(**options)
+    recorded = wait_for_attributes(study)
+    if recorded["metric"] != metric or study.direction.name.lower() != settings["direction"] \
+            or recorded["folds"] != fold_count:
+        raise PipelineError(f"study {name!r} optimizes {recorded['metric']} ({study.direction.name.lower()}) "
+                            f"over {recorded['folds']} fold(s); params.yaml now means {metric} "
+                            f"({settings['direction']}) over {fold_count}: name a new tune.study for a new objective")
+    if recorded["pruning"] != [pruner, by]:
+        print(f"study {name!r} was pruned by {recorded['pruning'][0]}; from now on {pruner}")
+        study.set_user_attr("pruning", [pruner, by])
+    return study, False
+
+
+def wait_for_attributes(study, timeout=30):
+    """The objective a study was created with, which its creator records a moment after creating it."""
+    deadline = time.monotonic() + timeout
+    while not {"metric", "folds", "pruning"} <= study.user_attrs.keys() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if not {"metric", "folds", "pruning"} <= study.user_attrs.keys():
+        raise PipelineError(f"study {study.study_name!r} was not made by python -m tune (it records no metric): "
+                            "name another tune.study")
+    return study.user_attrs
+
+
+def check_experiment_names(name, is_new):
+    """A new study must not reuse the experiment names of an earlier one of the same name."""
+    refs = subprocess.run(["git", "for-each-ref", "--format=%(refname:lstrip=-1)", "refs/exps"],
+                          capture_output=True, text=True).stdout.split()
+    taken = sorted(r for r in refs if r.rsplit("-", 1)[0] == name and r.rsplit("-", 1)[-1].isdigit())
+    if is_new and taken:
+        raise PipelineError(f"experiments {', '.join(taken[:3])}{' ...' if len(taken) > 3 else ''} come from an "
+                            f"earlier study named {name!r}, not in this storage: choose another tune.study, or "
+                            f"remove them (dvc exp remove {' '.join(taken[:3])} ...)")
+
+
+def enqueue_first(study, space, enqueued, is_new):
+    """Trials to run before any suggestion: for a new study params.yaml's own values (the settings you
+    have now, the baseline every trial is compared with), then --enqueue's. A trial already in the study
+    with those values is not added again (two workers starting a new study at once)."""
+    if is_new:
+        values = current_values(space)
+        outside = [f"{key} {value!r} is not {space[key]}" for key, value in values.items() if not space[key].contains(value)]
+        if outside:
+            print(f"params.yaml's values are outside tune.space ({'; '.join(outside)}): no baseline trial")
+        else:
+            study.enqueue_trial(values, user_attrs={"baseline": True}, skip_if_exists=True)
+    for values in enqueued:
+        study.enqueue_trial(values, user_attrs={"enqueued": True}, skip_if_exists=True)
 
 
 @dataclass

@@ -11,7 +11,6 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from stages.checkpoint import CHECKPOINTS_ENV
 from stages.pruning import TRIAL_ENV
@@ -88,7 +87,7 @@ def run(name, assignments, link, log, checkpoints):
 def interrupt(process):
     """Ctrl-C reached the tuner: pass it to the trial's session and let the train stage save its checkpoint;
     a second Ctrl-C stops it at once."""
-    print(f"\nstopping the running trial: its train stage saves a checkpoint (Ctrl-C again to kill it)", flush=True)
+    print("\nstopping the running trial: its train stage saves a checkpoint (Ctrl-C again to kill it)", flush=True)
     try:
         os.killpg(process.pid, signal.SIGINT)
         process.wait(INTERRUPT_WAIT)
