@@ -12,6 +12,9 @@ from stages.common import PipelineError
 
 CSV_DELIMITERS = ",;\t|"  # the candidates read_csv tries, comma first (it wins ties)
 HEAD_SIZE = 1 << 16  # the start of a file, where sniff_header looks for the header
+# in a processed CSV, between the texts of several text columns (ASCII's unit separator); the tokenize
+# stage puts the tokenizer's separator token there
+COLUMN_JOIN = "\x1f"
 
 
 def decode_csv_bytes(data, path):
@@ -75,6 +78,23 @@ def _byte_as_cp1252(byte):
         return bytes([byte]).decode("cp1252")
     except UnicodeDecodeError:
         return bytes([byte]).decode("latin-1")
+
+
+def column_names(value, key):
+    """preprocess.<key> (a text, pair or label column setting) as a list of column names: one name, or a non-empty list of distinct names."""
+    names = value if isinstance(value, list) else [value]
+    if not names or len(set(map(str, names))) < len(names) or not all(isinstance(n, str) and n.strip() for n in names):
+        raise PipelineError(f"params.yaml: preprocess.{key} must be a column name or a list of distinct column "
+                            f"names, not {value!r}")
+    return names
+
+
+def row_numbers(index, shown=5):
+    """'rows 2, 5, 9' for positions in a frame read from a CSV (the header is row 1)."""
+    rows = [str(i + 2) for i in index]
+    listed = ", ".join(rows[:shown])
+    more = f" and {len(rows) - shown} more" if len(rows) > shown else ""
+    return f"row{'s' if len(rows) > 1 else ''} {listed}{more}"
 
 
 def sniff_header(text):
