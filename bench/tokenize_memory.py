@@ -31,6 +31,7 @@ def prepared_folder(root, texts, labels, copies):
                           "label": [label for _ in range(copies) for label in labels]})
     write_csv(frame, folder / "data/processed/train.csv")
     (folder / "data/processed/labels.json").write_text(json.dumps(sorted(set(labels))))
+    (folder / "data/processed/shape.json").write_text(json.dumps({"kind": "classification", "pair_columns": []}))
     return folder
 
 

@@ -215,20 +215,32 @@ def run_main(main, tool=None):
         print(f"{name}: wrote {outputs} in {seconds_since_start():.1f} s", flush=True)
 
 
-def pack_sequences(sequences, labels):
-    """Variable-length token ids as flat tensors: no padding stored, no pickle needed to load."""
+def pack_sequences(sequences, labels, token_types=None):
+    """Variable-length token ids as flat tensors: no padding stored, no pickle needed to load. Labels are
+    class ids (int64), or floats (multi-label rows, regression targets); token_types, segment ids of
+    text pairs, are stored the same way as the ids."""
     import torch  # here, not at the top: fetch and preprocess need no torch
 
     lengths = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
     offsets = torch.zeros(len(sequences) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(lengths, 0)
     flat = [token for s in sequences for token in s]
-    return {"input_ids": torch.tensor(flat, dtype=torch.int32), "offsets": offsets,
-            "labels": torch.tensor(labels, dtype=torch.int64)}
+    floats = any(isinstance(y, (float, list)) for y in labels)
+    tensors = {"input_ids": torch.tensor(flat, dtype=torch.int32), "offsets": offsets,
+               "labels": torch.tensor(labels, dtype=torch.float32 if floats else torch.int64)}
+    if token_types is not None:
+        tensors["token_type_ids"] = torch.tensor([t for s in token_types for t in s], dtype=torch.int32)
+    return tensors
 
 
 def unpack_sequences(tensors):
-    """Inverse of pack_sequences: (list of token id lists, list of label ids; -1 = no label)."""
-    ids, offsets = tensors["input_ids"].tolist(), tensors["offsets"].tolist()
-    sequences = [ids[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
-    return sequences, tensors["labels"].tolist()
+    """Inverse of pack_sequences: (list of token id lists, list of labels; -1 or NaN = no label)."""
+    return unpack_flat(tensors, "input_ids"), tensors["labels"].tolist()
+
+
+def unpack_flat(tensors, name):
+    """The lists of one flat tensor of pack_sequences (input_ids, token_type_ids); None when absent."""
+    if name not in tensors:
+        return None
+    ids, offsets = tensors[name].tolist(), tensors["offsets"].tolist()
+    return [ids[a:b] for a, b in zip(offsets[:-1], offsets[1:])]

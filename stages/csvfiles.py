@@ -12,12 +12,16 @@ from stages.common import PipelineError
 
 CSV_DELIMITERS = ",;\t|"  # the candidates read_csv tries, comma first (it wins ties)
 HEAD_SIZE = 1 << 16  # the start of a file, where sniff_header looks for the header
+# in a processed CSV, between the texts of several text columns (ASCII's unit separator); the tokenize
+# stage puts the tokenizer's separator token there
+COLUMN_JOIN = "\x1f"
 
 
 def decode_csv_bytes(data, path):
     """Bytes of a CSV as text: UTF-8 (a BOM is dropped), UTF-16 when it starts with its BOM (Excel's
-    "Unicode text"), else UTF-8 with each byte that is not UTF-8 read as cp1252, so a file that is
-    mostly UTF-8 keeps its UTF-8 characters. Prints where the first such byte is."""
+    "Unicode text"), CP949 when the file is Korean text in it (what Excel and Dacon save in Korea: see
+    korean_text), else UTF-8 with each byte that is not UTF-8 read as cp1252, so a file that is
+    mostly UTF-8 keeps its UTF-8 characters. Prints which, and where the first such byte is."""
     if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         try:
             return data.decode("utf-16")
@@ -29,6 +33,10 @@ def decode_csv_bytes(data, path):
         return data[bom:].decode("utf-8")
     except UnicodeDecodeError as e:
         first = bom + e.start  # an offset in the file, BOM included
+    if (korean := korean_text(data)) is not None:
+        print(f"{path}: not UTF-8: read as CP949 (Korean; EUC-KR is part of it), the encoding Excel and "
+              "Dacon save Korean CSVs in")
+        return korean
     # surrogateescape turns each undecodable byte b into U+DC00+b; those become cp1252 characters
     # (latin-1 for the five bytes cp1252 leaves undefined, so no byte is ever lost)
     text = data[bom:].decode("utf-8", errors="surrogateescape")
@@ -45,11 +53,48 @@ def decode_csv_bytes(data, path):
     return text
 
 
+HANGUL = re.compile("[\uac00-\ud7a3]")  # the precomposed syllables
+
+
+def korean_text(data):
+    """`data` decoded as CP949 when that decodes every byte and reads as Korean, else None. Korean text
+    is mostly Hangul syllables, most of them (80% here) among the 2,350 of EUC-KR (both bytes 0xA1 or more);
+    Western text in cp1252 can decode as CP949 too (an accented letter and the ASCII letter after it
+    make one of CP949's extra syllables), but not as that."""
+    try:
+        text = data.decode("cp949")
+    except UnicodeDecodeError:
+        return None
+    syllables = HANGUL.findall(text)
+    non_ascii = sum(1 for c in text if ord(c) > 127)
+    if not syllables or len(syllables) < 0.5 * non_ascii:
+        return None
+    in_euc_kr = sum(1 for c in syllables if len(c.encode("euc_kr", errors="ignore")) == 2)
+    return text if in_euc_kr >= 0.8 * len(syllables) else None
+
+
 def _byte_as_cp1252(byte):
     try:
         return bytes([byte]).decode("cp1252")
     except UnicodeDecodeError:
         return bytes([byte]).decode("latin-1")
+
+
+def column_names(value, key):
+    """preprocess.<key> (a text, pair or label column setting) as a list of column names: one name, or a non-empty list of distinct names."""
+    names = value if isinstance(value, list) else [value]
+    if not names or len(set(map(str, names))) < len(names) or not all(isinstance(n, str) and n.strip() for n in names):
+        raise PipelineError(f"params.yaml: preprocess.{key} must be a column name or a list of distinct column "
+                            f"names, not {value!r}")
+    return names
+
+
+def row_numbers(index, shown=5):
+    """'rows 2, 5, 9' for positions in a frame read from a CSV (the header is row 1)."""
+    rows = [str(i + 2) for i in index]
+    listed = ", ".join(rows[:shown])
+    more = f" and {len(rows) - shown} more" if len(rows) > shown else ""
+    return f"row{'s' if len(rows) > 1 else ''} {listed}{more}"
 
 
 def sniff_header(text):

@@ -1,57 +1,59 @@
 """evaluate: combine the folds' predictions into scores and a submission.
 
-Reads data/processed/ (the true labels, the test ids), data/split/folds.csv and each fold's
-predictions/fold-K/{oof,test}.csv; loads no model, so it takes seconds. Writes
-reports/evaluate/metrics.json, reports/evaluate/confusion_val.csv (a DVC confusion-matrix plot)
-and submission/{submission.csv,probabilities.csv}.
+Reads data/processed/ (the true labels, the test ids, the task shape, the submission's header), data/split/
+folds.csv, each fold's predictions/fold-K/oof.csv and the test predictions predictions/test/fold-K.csv;
+loads no model, so it takes seconds. Writes reports/evaluate/metrics.json, reports/evaluate/confusion_val.csv
+(a DVC confusion-matrix plot) and submission/{submission.csv,probabilities.csv}.
 
 - One fold (cv.folds [0]): `val`, the scores on the holdout rows, and `test` when the test file
   has labels: today's single model.
 - K folds: `oof`, the scores of the out-of-fold predictions over every training row (each row
   predicted by the one model that did not train on it); `cv`, each fold's scores with their mean
-  and standard deviation; `test`, the scores of the ensemble: the mean of the K models' class
-  probabilities.
-The submission takes the class of highest (mean) probability; probabilities.csv keeps them all,
-one column per class, for blending with other models.
+  and standard deviation; `test`, the scores of the ensemble: the mean of the K models' outputs
+  (class probabilities, or values).
+The task shape (stages/tasks.py) says which scores (and task.metric, the competition's, beside them),
+how outputs become decisions (the class of highest probability; for multi-label each class whose
+probability reaches the threshold that scores best on the validation rows, reported as `threshold`; the
+value) and the submission's form. probabilities.csv keeps the probabilities, one column per class, for
+blending with other models (none for regression).
 """
 import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn.metrics import accuracy_score, f1_score, precision_recall_fscore_support
 
 from stages import folds
 from stages.common import PipelineError, atomic_dir, run_main, write_json
 from stages.csvfiles import read_csv, write_csv
+from stages.scores import classification_metrics  # noqa: F401 (also reached as evaluate.<name>)
+from stages.tasks import SHAPES, competition_metric, headline, submission_frame, task_params
 
 PROCESSED = Path("data/processed")
 REPORTS = Path("reports/evaluate")
 SUBMISSION = Path("submission")
+# how the log names each score
+NAMES = {"accuracy": "accuracy", "f1_macro": "macro-F1", "f1_micro": "micro-F1", "f1_weighted": "weighted F1",
+         "log_loss": "log loss", "roc_auc": "ROC AUC", "qwk": "QWK", "rmse": "RMSE", "mae": "MAE",
+         "pearson": "Pearson", "spearman": "Spearman"}
 
 
-def classification_metrics(y_true, y_pred, labels):
-    """accuracy, macro-F1 and per-class precision/recall/F1 (keyed by label name)."""
-    ids = list(range(len(labels)))
-    precision, recall, f1, support = precision_recall_fscore_support(
-        y_true, y_pred, labels=ids, zero_division=0)
-    return {
-        "accuracy": round(float(accuracy_score(y_true, y_pred)), 4),
-        "f1_macro": round(float(f1_score(y_true, y_pred, labels=ids, average="macro", zero_division=0)), 4),
-        "per_class": {labels[i]: {"precision": round(float(precision[i]), 4), "recall": round(float(recall[i]), 4),
-                                  "f1": round(float(f1[i]), 4), "support": int(support[i])} for i in ids},
-    }
-
-
-def spread(per_fold):
-    """Each fold's accuracy and macro-F1, with their mean and sample standard deviation over folds."""
+def spread(per_fold, names=("f1_macro", "accuracy")):
+    """Each fold's scores `names`, with their mean and sample standard deviation over folds (None where a
+    fold's score is undefined)."""
     summary = {}
-    for name in ("f1_macro", "accuracy"):
-        values = np.array([scores[name] for scores in per_fold])
-        summary[f"{name}_mean"] = round(float(values.mean()), 4)
-        summary[f"{name}_std"] = round(float(values.std(ddof=1)), 4)
-    summary["per_fold"] = {str(k): {"accuracy": s["accuracy"], "f1_macro": s["f1_macro"]} for k, s in enumerate(per_fold)}
+    for name in names:
+        values = np.array([np.nan if scores[name] is None else scores[name] for scores in per_fold], dtype=float)
+        for stat, value in (("mean", values.mean()), ("std", values.std(ddof=1))):
+            summary[f"{name}_{stat}"] = round(float(value), 4) if np.isfinite(value) else None
+    summary["per_fold"] = {str(k): {name: s[name] for name in sorted(names)} for k, s in enumerate(per_fold)}
     return summary
+
+
+def described(scores, names):
+    """'accuracy 0.8123, macro-F1 0.7801' for the log."""
+    return ", ".join(f"{NAMES[name]} {scores[name]:.4f}" if scores[name] is not None else f"{NAMES[name]} undefined"
+                     for name in names)
 
 
 def combine_out_of_fold(row_folds, oof):
@@ -69,10 +71,11 @@ def combine_out_of_fold(row_folds, oof):
 
 
 def mean_test_probabilities(tests, n_rows):
-    """The ensemble's test probabilities: the mean over folds, every fold covering every test row."""
+    """The ensemble's test outputs (probabilities, or values): the mean over folds, every fold covering every
+    test row."""
     for k, (rows, _) in enumerate(tests):
         if not np.array_equal(rows, np.arange(n_rows)):
-            raise PipelineError(f"{folds.PREDICTIONS}/fold-{k}/test.csv does not hold the {n_rows} rows of "
+            raise PipelineError(f"{folds.outputs(k)['test']} does not hold the {n_rows} rows of "
                                 f"{PROCESSED / 'test.csv'}: it comes from another run; rerun `dvc repro`")
     return np.mean([p for _, p in tests], axis=0)
 
@@ -84,42 +87,52 @@ def unused_folders(k):
 
 
 def main():
+    task = task_params()
+    data = json.loads((PROCESSED / "shape.json").read_text(encoding="utf-8"))
+    if data["kind"] != task["kind"]:
+        raise PipelineError(f"params.yaml: task.kind is {task['kind']}, but {PROCESSED} holds {data['kind']} data: "
+                            "rerun `dvc repro`")
+    shape, metric = SHAPES[data["kind"]], competition_metric(task["metric"], data["kind"])
     labels = json.loads((PROCESSED / "labels.json").read_text(encoding="utf-8"))
-    index = {name: i for i, name in enumerate(labels)}
+    columns = shape.outputs(labels)  # of the prediction files
     row_folds = folds.read_folds()
     k = folds.fold_count(row_folds)
     if stale := unused_folders(k):
         print(f"{folds.PREDICTIONS}/: {', '.join(stale)} left by an earlier run with more folds; not used "
               "(delete them to keep the folder tidy)")
-    fold_dirs = [folds.outputs(fold)["predictions"] for fold in range(k)]
 
-    y_train = np.array([index[label] for label in read_csv(PROCESSED / "train.csv")["label"]])
-    oof = [folds.read_probabilities(d / "oof.csv", labels) for d in fold_dirs]
-    rows, oof_probabilities = combine_out_of_fold(row_folds, oof)
-    y_true, y_pred = y_train[rows], oof_probabilities.argmax(axis=1)
+    y_train = shape.truth(read_csv(PROCESSED / "train.csv")["label"], labels)
+    oof = [folds.read_probabilities(folds.outputs(fold)["predictions"] / "oof.csv", columns) for fold in range(k)]
+    rows, oof_outputs = combine_out_of_fold(row_folds, oof)
+    y_true = y_train[rows]
+    threshold = shape.threshold(y_true, oof_outputs, metric)  # multi-label: chosen on the validation rows
+    names = headline(shape.kind, metric)
     if k == 1:
-        metrics = {"val": classification_metrics(y_true, y_pred, labels)}
+        metrics = {"val": shape.report(y_true, oof_outputs, labels, metric, threshold)}
     else:
-        per_fold = [classification_metrics(y_train[r], p.argmax(axis=1), labels) for r, p in oof]
-        metrics = {"oof": classification_metrics(y_true, y_pred, labels), "cv": spread(per_fold)}
-    confusion = pd.DataFrame({"actual": [labels[y] for y in y_true], "predicted": [labels[p] for p in y_pred]})
+        per_fold = [shape.report(y_train[r], p, labels, metric, threshold) for r, p in oof]
+        metrics = {"oof": shape.report(y_true, oof_outputs, labels, metric, threshold), "cv": spread(per_fold, names)}
+    confusion = shape.confusion(y_true, oof_outputs, labels, threshold)
 
     submission = probabilities = None
     if (PROCESSED / "test.csv").exists():
         test = read_csv(PROCESSED / "test.csv")
-        mean = mean_test_probabilities([folds.read_probabilities(d / "test.csv", labels) for d in fold_dirs],
-                                       len(test))
-        predicted = mean.argmax(axis=1)
-        submission = pd.DataFrame({"id": test["id"], "label": [labels[p] for p in predicted]})
-        probabilities = pd.concat([test[["id"]], pd.DataFrame(mean, columns=labels)], axis=1)
+        form = json.loads((PROCESSED / "submission.json").read_text(encoding="utf-8"))
+        mean = mean_test_probabilities([folds.read_probabilities(folds.outputs(fold)["test"], columns)
+                                        for fold in range(k)], len(test))
+        submission = submission_frame(shape, test["id"], mean, labels, form["header"], threshold,
+                                      data["label_separator"], form["probabilities"])
+        if labels:  # class probabilities; a regression submission holds all there is
+            probabilities = pd.concat([test[["id"]], pd.DataFrame(mean, columns=labels)], axis=1)
         if (test["label"] != "").all():  # a labelled test file: score the submission
-            metrics["test"] = classification_metrics([index[label] for label in test["label"]], predicted, labels)
+            metrics["test"] = shape.report(shape.truth(test["label"], labels), mean, labels, metric, threshold)
+    printed = shape.evaluated + tuple(n for n in names if n not in shape.evaluated)
     for split, m in metrics.items():
         if split == "cv":
-            print(f"cv: macro-F1 {m['f1_macro_mean']:.4f} ± {m['f1_macro_std']:.4f}, accuracy "
-                  f"{m['accuracy_mean']:.4f} ± {m['accuracy_std']:.4f} over {k} folds")
+            print("cv: " + ", ".join(f"{NAMES[n]} {m[f'{n}_mean']:.4f} ± {m[f'{n}_std']:.4f}" for n in names
+                                     if m[f"{n}_mean"] is not None and m[f"{n}_std"] is not None) + f" over {k} folds")
         else:
-            print(f"{split}: accuracy {m['accuracy']:.4f}, macro-F1 {m['f1_macro']:.4f}")
+            print(f"{split}: {described(m, printed)}" + (f" (threshold {threshold:g})" if threshold is not None else ""))
 
     with atomic_dir(REPORTS) as tmp:
         write_json(tmp / "metrics.json", metrics)
@@ -127,8 +140,9 @@ def main():
     # the folder is written even with no test file, so DVC always finds its declared output
     with atomic_dir(SUBMISSION) as tmp:
         if submission is not None:
-            submission.to_csv(tmp / "submission.csv", index=False)
-            probabilities.to_csv(tmp / "probabilities.csv", index=False, float_format=folds.DECIMALS)
+            submission.to_csv(tmp / "submission.csv", index=False, float_format=folds.DECIMALS)
+            if probabilities is not None:
+                probabilities.to_csv(tmp / "probabilities.csv", index=False, float_format=folds.DECIMALS)
     return [REPORTS, SUBMISSION]
 
 

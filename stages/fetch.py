@@ -1,4 +1,5 @@
-"""Fetch stage: put the raw CSVs in data/raw/ (train.csv, and test.csv when there is one).
+"""Fetch stage: put the raw CSVs in data/raw/ (train.csv, and test.csv and sample_submission.csv when
+there are).
 
 fetch.source is the builtin `tweets` corpus, a Google Drive file id or share link, a Drive
 folder or Google Sheet link, an http(s) URL to a .csv or an archive (.zip, .tar.gz, .tgz),
@@ -13,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from stages.common import PipelineError, Range, atomic_dir, check_kind, interactive, load_params, run_main
+from stages.csvfiles import column_names
 from stages.fetching.archives import extract
 from stages.fetching.builtin import BUILTIN, write_builtin
 from stages.fetching.checks import check_csv, page_error, parse_pins, pick_files, record, sniff
@@ -29,14 +31,19 @@ OUT = Path("data/raw")
 
 
 def collect(source, work, net, train_file="train.csv", test_file="test.csv", sha256=None,
-            text_column="text", label_column="sentiment"):
-    """Fetch `source` into the folder `work`; return {"train": path[, "test": path]}, all checked."""
+            text_column="text", label_column="sentiment", sample_submission_file=None):
+    """Fetch `source` into the folder `work`; return {"train": path[, "test": path][, "sample_submission":
+    path]}, all checked. text_column and label_column: a column name or a list of them (text pairs add
+    theirs to text_column)."""
     kind, ref = parse_source(source)
     if kind == "builtin":
-        train_file, test_file = "train.csv", "test.csv"
-    wanted = [("train", train_file, [text_column, label_column])]
+        train_file, test_file, sample_submission_file = "train.csv", "test.csv", None
+    texts = text_column if isinstance(text_column, list) else [text_column]
+    wanted = [("train", train_file, texts + (label_column if isinstance(label_column, list) else [label_column]))]
     if test_file:
-        wanted.append(("test", test_file, [text_column]))  # test sets may be unlabelled
+        wanted.append(("test", test_file, texts))  # test sets may be unlabelled
+    if sample_submission_file:
+        wanted.append(("sample_submission", sample_submission_file, []))
 
     if kind == "builtin":
         label, path = BUILTIN, write_builtin(work / "builtin")
@@ -63,9 +70,10 @@ def collect(source, work, net, train_file="train.csv", test_file="test.csv", sha
             path = extract(path, archive, work / "extracted", label)
         else:
             check_csv(path, label, wanted[0][2])
-            if test_file:
-                raise PipelineError(f"{label} is a single CSV, so there is no {test_file}: "
-                                    "set fetch.test_file: null, or use a folder or archive holding both")
+            if test_file or sample_submission_file:
+                raise PipelineError(f"{label} is a single CSV, so there is no {test_file or sample_submission_file}: "
+                                    f"set fetch.{'test_file' if test_file else 'sample_submission_file'}: null, "
+                                    "or use a folder or archive holding them all")
             files = {"train": path}
     if path.is_dir():
         files = pick_files(path, label, wanted, pins, digests)
@@ -85,7 +93,7 @@ def publish(files, out):
 def fetch_source(source, out, net, **options):
     """Fetch source into the folder out; on any failure out is untouched and no temp file is left.
 
-    options are collect()'s: train_file, test_file, sha256, text_column, label_column.
+    options are collect()'s: train_file, test_file, sha256, text_column, label_column, sample_submission_file.
     """
     with tempfile.TemporaryDirectory(prefix="fetch-") as work:
         # gdown saves Drive cookies after every response; keep them out of the user's home
@@ -107,18 +115,21 @@ def net_settings(params):
 
 # what each fetch.* key accepts; load_params turns anything else into a one-line error
 FETCH_PARAMS = {"source": (str,), "train_file": (str,), "test_file": (str, None),
-                "sha256": (str, dict, None), "timeout": (float, Range(0, low_open=True)),
-                "retries": (int, Range(0, 100))}
+                "sample_submission_file": (str, None), "sha256": (str, dict, None),
+                "timeout": (float, Range(0, low_open=True)), "retries": (int, Range(0, 100))}
 
 
 def main():
     params = load_params("fetch", FETCH_PARAMS)
-    columns = {key: check_kind(load_params("preprocess").get(key), (str,), f"params.yaml: preprocess.{key}")
-               for key in ("text_column", "label_column")}  # what fetch checks each CSV for
+    preprocess = load_params("preprocess")
+    # the columns fetch checks each CSV for: the texts (and a pair's second texts), and train's labels
+    kinds = {"text_column": (str, list), "text_pair_column": (str, list, None), "label_column": (str, list)}
+    columns = {key: column_names(check_kind(preprocess.get(key), kind, f"params.yaml: preprocess.{key}"), key)
+               for key, kind in kinds.items() if preprocess.get(key) is not None}
     net = replace(net_settings(params), quiet=not interactive())
-    fetch_source(params["source"], OUT, net, train_file=params["train_file"],
-                 test_file=params["test_file"], sha256=params["sha256"], text_column=columns["text_column"],
-                 label_column=columns["label_column"])
+    fetch_source(params["source"], OUT, net, train_file=params["train_file"], test_file=params["test_file"],
+                 sha256=params["sha256"], text_column=columns["text_column"] + columns.get("text_pair_column", []),
+                 label_column=columns["label_column"], sample_submission_file=params["sample_submission_file"])
     return [OUT]
 
 

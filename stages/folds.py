@@ -1,6 +1,6 @@
 """Folds: which training rows each fold validates on (the split stage's data/split/folds.csv),
-where each fold's outputs live, and the class-probability files that a fold's train stage writes
-and evaluate combines."""
+where each fold's outputs live, and the prediction files (class probabilities, or values) that a
+fold's train stage (validation rows) and the predict_test stage (test rows) write and evaluate combines."""
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +10,8 @@ from stages.common import PipelineError
 from stages.csvfiles import read_csv
 
 FOLDS_CSV = Path("data/split/folds.csv")
-PREDICTIONS = Path("predictions")  # predictions/fold-<k>/{oof,test}.csv
+PREDICTIONS = Path("predictions")  # predictions/fold-<k>/oof.csv, predictions/test/fold-<k>.csv
+TEST_PREDICTIONS = PREDICTIONS / "test"
 DECIMALS = "%.7g"  # a float32 probability's precision: shorter files, the same argmax
 
 
@@ -25,15 +26,15 @@ def fold_count(folds):
 
 
 def outputs(fold):
-    """Where fold `fold` writes: its model, its predictions, its training curves (its checkpoints:
-    stages.checkpoint.folder)."""
+    """Where fold `fold`'s train stage writes (its model, its validation predictions, its training curves)
+    and where predict_test writes its test predictions (its checkpoints: stages.checkpoint.folder)."""
     return {"model": Path(f"models/fold-{fold}"), "predictions": PREDICTIONS / f"fold-{fold}",
-            "live": Path(f"reports/train/fold-{fold}")}
+            "test": TEST_PREDICTIONS / f"fold-{fold}.csv", "live": Path(f"reports/train/fold-{fold}")}
 
 
 def probabilities_frame(rows, probabilities, labels):
-    """A `row` column (positions in train.csv or test.csv) and one probability column per class,
-    sorted by row."""
+    """A `row` column (positions in train.csv or test.csv) and one column per output (a class's
+    probability, or `value`), sorted by row."""
     frame = pd.DataFrame(np.asarray(probabilities, dtype=np.float64), columns=labels)
     frame.insert(0, "row", np.asarray(rows))
     return frame.sort_values("row", kind="stable").reset_index(drop=True)
@@ -45,8 +46,8 @@ def write_probabilities(frame, path):
 
 
 def read_probabilities(path, labels):
-    """(rows, probabilities of shape (rows, classes)) from a file probabilities_frame wrote; a file
-    with other classes than `labels` is an error (it was written for another label set)."""
+    """(rows, outputs of shape (rows, outputs)) from a file probabilities_frame wrote; a file with other
+    columns than `labels` is an error (it was written for another label set or task shape)."""
     frame = pd.read_csv(path, encoding="utf-8")
     if [str(c) for c in frame.columns[1:]] != list(labels) or frame.columns[0] != "row":
         raise PipelineError(f"{path}: columns {list(frame.columns)} are not row and the classes "

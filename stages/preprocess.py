@@ -1,38 +1,51 @@
-"""preprocess: clean the raw CSVs once, de-duplicate, save CSVs and the label list.
+"""preprocess: clean the raw CSVs once, de-duplicate, read the labels, save CSVs and what the later
+stages need to know about the data.
 
-Reads data/raw/{train,test}.csv; writes data/processed/{train,test}.csv and labels.json (the split
-stage then decides which training rows each fold validates on).
-Every output CSV has the columns `text` and `label` (test: `id`, `text` and `label`, the
-label empty when the test file has none). Every check runs before anything is written, so a
-bad input leaves the previous data/processed as it was.
+Reads data/raw/{train,test,sample_submission}.csv; writes data/processed/:
+- train.csv: `text` (and `text_pair` for text pairs) and `label`, the label in the processed form of
+  its shape (stages/labels.py);
+- test.csv: `id`, the texts and `label` (empty when the test file has none), in the order of
+  sample_submission.csv when there is one;
+- labels.json: the classes (none for regression);
+- shape.json: the task shape and how the texts and labels were read and cleaned (the train stage keeps
+  a copy beside each model, so that python -m stages.predict prepares a new file the same way);
+- submission.json: the submission's header (sample_submission.csv's, else the shape's), whether its
+  class columns hold probabilities (task.metric scores them) and the test file's id column.
+Every check runs before anything is written, so a bad input leaves the previous data/processed as it was.
 
-Labels are text: "NA", "None" or "null" are class names, surrounding spaces are dropped, and
-numbers spelled two ways ("1" and "1.0") are one class, named by its most common spelling.
+Several text columns (a list in preprocess.text_column) are cleaned one by one and joined with
+COLUMN_JOIN, which the tokenize stage replaces by the tokenizer's separator token ([SEP] for BERT).
 Row numbers in messages count the header as row 1, as a spreadsheet does.
 """
 import html
 import re
-from decimal import Decimal
 from pathlib import Path
 
 import pandas as pd
 from stages.common import PipelineError, atomic_dir, load_params, run_main, write_json
-from stages.csvfiles import read_csv, write_csv
+from stages.csvfiles import COLUMN_JOIN, column_names, read_csv, row_numbers, write_csv
+# the label readers' helpers, also reached as preprocess.<name>
+from stages.labels import (NUMBER_RE, check_known_labels, report_merged, require_labels, sort_labels,  # noqa: F401
+                           unify_numeric_labels)
+from stages.scores import ON_PROBABILITIES
+from stages.tasks import SHAPES, check_header, task_params
 
-TRAIN_CSV = Path("data/raw/train.csv")
-TEST_CSV = Path("data/raw/test.csv")
+RAW = Path("data/raw")
+TRAIN_CSV = RAW / "train.csv"
+TEST_CSV = RAW / "test.csv"
+SAMPLE_CSV = RAW / "sample_submission.csv"
 OUT = Path("data/processed")
 
 URL_RE = re.compile(r"(?:https?://|www\.)\S+", re.IGNORECASE)
 MENTION_RE = re.compile(r"(?<!\w)@\w+")
 WHITESPACE_RE = re.compile(r"\s+")
-NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # no nan, inf, 1_0
 SHOWN = 5  # rows or ids a message lists before "and N more"
 # the preprocess.* switches that clean_text takes as keyword arguments
 CLEANING_SWITCHES = ("lowercase", "unescape_html", "replace_urls", "replace_mentions", "normalize_whitespace")
-# what each preprocess.* key accepts; load_params turns anything else into a one-line error
-PREPROCESS_PARAMS = {"text_column": (str,), "label_column": (str,), "id_column": (str, None),
-                     **{switch: (bool,) for switch in CLEANING_SWITCHES},
+# what each preprocess.* key accepts; load_params turns anything else into a one-line error (a list of
+# columns is checked further by column_names)
+PREPROCESS_PARAMS = {"text_column": (str, list), "text_pair_column": (str, list, None), "label_column": (str, list),
+                     "id_column": (str, None), **{switch: (bool,) for switch in CLEANING_SWITCHES},
                      "drop_duplicates": (bool,)}
 
 
@@ -71,58 +84,28 @@ def require_rows(df, path):
         raise PipelineError(f"{path}: a header ({', '.join(map(repr, df.columns))}) but no rows")
 
 
-def row_numbers(index):
-    """'rows 2, 5, 9' for positions in a frame read from a CSV (the header is row 1)."""
-    rows = [str(i + 2) for i in index]
-    shown = ", ".join(rows[:SHOWN])
-    more = f" and {len(rows) - SHOWN} more" if len(rows) > SHOWN else ""
-    return f"row{'s' if len(rows) > 1 else ''} {shown}{more}"
 
 
-def clean_frame(df, text_column, label_column, options):
-    """Cleaned `text` and `label` columns, keeping df's index (row numbers); rows whose text
-    cleans to nothing are dropped."""
-    out = pd.DataFrame({
-        "text": df[text_column].map(lambda t: clean_text(t, **options)),
-        "label": df[label_column].str.strip() if label_column in df else "",
-    }, index=df.index)
-    return out[out["text"] != ""]
+def clean_columns(df, columns, options):
+    """Each row's cleaned text; with several columns each is cleaned, then they are joined by COLUMN_JOIN
+    (a row whose every column cleans to nothing gives "")."""
+    cleaned = [df[c].map(lambda t: clean_text(t, **options)) for c in columns]
+    if len(cleaned) == 1:
+        return cleaned[0]
+    joined = pd.concat(cleaned, axis=1).agg(COLUMN_JOIN.join, axis=1)
+    return joined.where(joined.str.strip(COLUMN_JOIN) != "", "")
 
 
-def require_labels(df, label_column, path):
-    empty = df.index[df["label"] == ""]
-    if len(empty):
-        raise PipelineError(f"{path}: {len(empty)} row(s) have an empty {label_column!r} "
-                            f"({row_numbers(empty)}); fill or remove them")
-
-
-def unify_numeric_labels(labels, known=()):
-    """Map spellings of one number ("1", "1.0", "+1") to one: a spelling in `known` (train's
-    labels, for test), else the most common one. Returns (labels, {old spelling: new})."""
-    counts = labels.value_counts()
-    spellings = [s for s in set(labels) | set(known) if NUMBER_RE.fullmatch(s)]
-    canonical = {}
-    # known spellings first, then the most common (ties: the shortest, then alphabetical)
-    for s in sorted(spellings, key=lambda s: (s not in known, -counts.get(s, 0), len(s), s)):
-        canonical.setdefault(Decimal(s), s)
-    merged = {s: canonical[Decimal(s)] for s in sorted(counts.index)
-              if NUMBER_RE.fullmatch(s) and canonical[Decimal(s)] != s}
-    return labels.replace(merged), merged
-
-
-def sort_labels(labels):
-    """Numbers in numeric order (2 before 10) when every label is one, else alphabetically."""
-    labels = set(labels)
-    if all(NUMBER_RE.fullmatch(s) for s in labels):
-        return sorted(labels, key=lambda s: (Decimal(s), s))
-    return sorted(labels)
-
-
-def check_known_labels(df, labels, path):
-    unseen = sorted(set(df["label"]) - set(labels) - {""})
-    if unseen:
-        raise PipelineError(f"{path}: label(s) {unseen} never occur in the training data "
-                            f"(train has {labels})")
+def clean_frame(df, text_column, label_column, options, pair_column=None):
+    """Cleaned `text` (and `text_pair`) columns, and `label` (label_column's, stripped) when label_column
+    names one column, keeping df's index (row numbers); rows whose texts clean to nothing are dropped.
+    text_column and pair_column are a column name or a list of them (joined: clean_columns)."""
+    out = pd.DataFrame({"text": clean_columns(df, column_names(text_column, "text_column"), options)}, index=df.index)
+    if pair_column:
+        out["text_pair"] = clean_columns(df, column_names(pair_column, "text_pair_column"), options)
+    if isinstance(label_column, str):
+        out["label"] = df[label_column].str.strip() if label_column in df else ""
+    return out[(out["text"] != "") | (out.get("text_pair", "") != "")]
 
 
 def check_unique_ids(ids, column, path):
@@ -135,70 +118,112 @@ def check_unique_ids(ids, column, path):
                             f"{listed}{more}; the submission needs one row per id")
 
 
-def clean_test_frame(raw, text_column, label_column, id_column, options):
-    """The test rows cleaned; every row is kept, even an empty one: the submission needs a
-    prediction for each."""
-    return pd.DataFrame({
-        "id": raw[id_column] if id_column else range(len(raw)),
-        "text": raw[text_column].map(lambda t: clean_text(t, **options)),
-        "label": raw[label_column].str.strip() if label_column in raw else "",
-    })
+def clean_test_frame(raw, text_column, id_column, options, pair_column=None):
+    """The test rows cleaned (`id`, `text`, maybe `text_pair`); every row is kept, even an empty one:
+    the submission needs a prediction for each."""
+    test = pd.DataFrame({"id": raw[id_column] if id_column else range(len(raw)),
+                         "text": clean_columns(raw, column_names(text_column, "text_column"), options)})
+    if pair_column:
+        test["text_pair"] = clean_columns(raw, column_names(pair_column, "text_pair_column"), options)
+    return test.reset_index(drop=True)
 
 
-def report_merged(merged, labels, path):
-    """Say which label spellings unify_numeric_labels merged; `labels` are those before it."""
-    if merged:
-        print(f"{path}: one number, several spellings: " + ", ".join(
-            f"{old!r} -> {new!r} ({(labels == old).sum()} row(s))" for old, new in merged.items()))
+def order_by_sample(test, sample_ids, id_column, path, test_path):
+    """The test rows in the order of the sample submission's ids, each id spelled as there ("7" and
+    "007" are one id when every id is a number). Without an id column, the sample's ids name the test
+    rows in order."""
+    sample_ids = sample_ids.reset_index(drop=True)
+    check_unique_ids(sample_ids, sample_ids.name, path)
+    if id_column is None:
+        if len(sample_ids) != len(test):
+            raise PipelineError(f"{path}: {len(sample_ids):,} rows, and {test_path} {len(test):,}: without "
+                                "preprocess.id_column the sample's ids name the test rows in order, so the counts must match")
+        return test.assign(id=sample_ids.to_numpy())
+    keys = {"as written": (test["id"], sample_ids)}
+    if all(NUMBER_RE.fullmatch(v) for v in pd.concat([test["id"], sample_ids])):
+        from decimal import Decimal
+        keys["as numbers"] = (test["id"].map(Decimal), sample_ids.map(Decimal))
+    for test_keys, sample_keys in keys.values():
+        position = pd.Series(range(len(test)), index=test_keys.to_numpy())
+        if set(sample_keys) == set(test_keys):
+            ordered = test.iloc[position[sample_keys.to_numpy()].to_numpy()].reset_index(drop=True)
+            return ordered.assign(id=sample_ids.to_numpy())
+    test_keys, sample_keys = list(keys.values())[-1]
+    missing = sample_ids[~sample_keys.isin(set(test_keys))]
+    extra = test["id"][~test_keys.isin(set(sample_keys))]
+    problem = (f"id {missing.iloc[0]!r} ({row_numbers(missing.index[:1])}) is not in {test_path}'s {id_column!r}"
+               if len(missing) else f"{test_path}'s id {extra.iloc[0]!r} is not in it")
+    raise PipelineError(f"{path}: {problem} ({len(missing)} of the sample's ids missing there, {len(extra)} of the "
+                        "test ids missing here); the submission takes the sample's ids and order")
 
 
 def main():
     params = load_params("preprocess", PREPROCESS_PARAMS)
-    text_col, label_col, id_col = params["text_column"], params["label_column"], params["id_column"]
+    task = task_params()
+    shape = SHAPES[task["kind"]]
+    text_cols = column_names(params["text_column"], "text_column")
+    pair_cols = column_names(params["text_pair_column"], "text_pair_column") if params["text_pair_column"] is not None else []
+    label_cols = column_names(params["label_column"], "label_column")
+    separated = not isinstance(params["label_column"], list)  # one column of labels, not one 0/1 column per class
+    if not separated and shape.kind != "multilabel":
+        raise PipelineError(f"params.yaml: preprocess.label_column lists columns ({', '.join(label_cols)}), one 0/1 "
+                            f"column per class: that is task.kind multilabel, not {shape.kind}")
+    separator = task["label_separator"] if shape.kind == "multilabel" and separated else None
+    id_col = params["id_column"]
     options = {k: params[k] for k in CLEANING_SWITCHES}
 
     train_path, test_path = TRAIN_CSV, TEST_CSV
     raw = read_csv(train_path)
-    require_columns(raw, [text_col, label_col], train_path)
+    require_columns(raw, text_cols + pair_cols + label_cols, train_path)
     require_rows(raw, train_path)
-    train = clean_frame(raw, text_col, label_col, options)
+    train = clean_frame(raw, text_cols, None, options, pair_cols)
     dropped = raw.index.difference(train.index)
     print(f"{train_path}: {len(raw):,} rows, {len(dropped):,} dropped for empty text"
           + (f" ({row_numbers(dropped)})" if len(dropped) else ""))
-    require_labels(train, label_col, train_path)
-    unified, merged = unify_numeric_labels(train["label"])
-    report_merged(merged, train["label"], train_path)
-    train["label"] = unified
+    train["label"] = shape.read_labels(raw.loc[train.index], label_cols, separator, train_path)
     if params["drop_duplicates"]:
         before = len(train)
-        train = train.drop_duplicates("text")
+        train = train.drop_duplicates(["text", "text_pair"] if pair_cols else "text")
         print(f"{before - len(train):,} duplicate text(s) dropped")
-    labels = sort_labels(train["label"])
-    if len(labels) < 2:
-        raise PipelineError(f"{train_path}: {label_col!r} has a single class {labels}; "
-                            "classification needs at least two")
-    print(f"train {len(train):,} rows, labels {labels}")
+    labels = shape.label_list(train["label"], label_cols, separator, train_path)
+    if task["metric"] == "qwk" and not all(NUMBER_RE.fullmatch(c) for c in labels):
+        raise PipelineError(f"{train_path}: task.metric qwk scores ordered classes, so the classes must be numbers "
+                            f"(1, 2, 3, ...), not {labels}")
+    target = train["label"].astype(float) if not labels else None
+    print(f"train {len(train):,} rows, " + (f"labels {labels}" if labels else
+                                            f"target from {target.min():g} to {target.max():g}, mean {target.mean():.4g}"))
 
     test = None
     if test_path.exists():
         raw_test = read_csv(test_path)
-        require_columns(raw_test, [text_col] + ([id_col] if id_col else []), test_path)
+        require_columns(raw_test, text_cols + pair_cols + ([id_col] if id_col else []), test_path)
         require_rows(raw_test, test_path)
         if id_col:
             check_unique_ids(raw_test[id_col], id_col, test_path)
-        test = clean_test_frame(raw_test, text_col, label_col, id_col, options)
-        unified, merged = unify_numeric_labels(test["label"], known=labels)
-        report_merged(merged, test["label"], test_path)
-        test["label"] = unified
-        check_known_labels(test, labels, test_path)
-        print(f"test {len(test):,} rows ({(test['text'] == '').sum():,} with empty text), "
+        test = clean_test_frame(raw_test, text_cols, id_col, options, pair_cols)
+        test["label"] = shape.read_labels(raw_test, label_cols, separator, test_path, known=labels).to_numpy()
+        empty = (test["text"] == "") & (test.get("text_pair", "") == "")
+        print(f"test {len(test):,} rows ({empty.sum():,} with empty text), "
               f"{'with' if (test['label'] != '').any() else 'without'} labels")
+    header = shape.default_header(labels, separated)
+    if SAMPLE_CSV.exists():
+        if test is None:
+            raise PipelineError(f"{SAMPLE_CSV}: a sample submission, but no test file to predict (fetch.test_file)")
+        sample = read_csv(SAMPLE_CSV)
+        require_rows(sample, SAMPLE_CSV)
+        header = check_header(list(sample.columns), shape, labels, SAMPLE_CSV)
+        test = order_by_sample(test, sample[header[0]], id_col, SAMPLE_CSV, test_path)
+        print(f"{SAMPLE_CSV}: the submission takes its columns ({', '.join(header)}) and its order of ids")
 
     with atomic_dir(OUT) as tmp:
         write_csv(train, tmp / "train.csv")
         if test is not None:
             write_csv(test, tmp / "test.csv")
         write_json(tmp / "labels.json", labels)
+        write_json(tmp / "shape.json", {"kind": shape.kind, "text_columns": text_cols, "pair_columns": pair_cols,
+                                        "label_columns": label_cols, "label_separator": separator, "cleaning": options})
+        write_json(tmp / "submission.json", {"id_column": id_col, "header": header,
+                                             "probabilities": task["metric"] in ON_PROBABILITIES})
     return [OUT]
 
 

@@ -1,15 +1,20 @@
 """split: put each training row in the validation part of one fold (or of none).
 
-Reads data/processed/train.csv; writes data/split/folds.csv, one row per training row in the same
-order: `row` (its position in train.csv) and `fold`, the fold whose model validates on that row
-(-1: a row every fold trains on). Fold k trains on every row whose fold is not k.
+Reads data/processed/{train.csv,labels.json,shape.json}; writes data/split/folds.csv, one row per
+training row in the same order: `row` (its position in train.csv) and `fold`, the fold whose model
+validates on that row (-1: a row every fold trains on). Fold k trains on every row whose fold is not k.
 
 - cv.folds [0]: one fold, a holdout split: split.val_size of the rows, stratified by label,
   validate; classes with a single example stay in training.
 - cv.folds [0, 1, ..., K-1]: stratified K-fold: every row is validated by exactly one fold, every
-  fold validates on every class, and rows with the same text share a fold (duplicates never sit
-  on both sides of a fold, even with preprocess.drop_duplicates off).
+  fold validates on every class, and rows with the same text (text pair) share a fold (duplicates
+  never sit on both sides of a fold, even with preprocess.drop_duplicates off).
+What is stratified by comes from the task shape (stages/tasks.py): the class; for multi-label the
+classes of each row, by iterative stratification (the iterative-stratification package: Sechidis et al.
+2011's algorithm, which keeps each class's share, and pairs of classes', alike across folds); for
+regression quantile bins of the target.
 """
+import json
 import math
 
 import numpy as np
@@ -18,8 +23,11 @@ from sklearn.model_selection import StratifiedKFold, train_test_split
 
 from stages.common import SEEDS, PipelineError, Range, atomic_dir, load_params, run_main
 from stages.csvfiles import read_csv, write_csv
+from stages.tasks import SHAPES
 
 TRAIN_CSV = "data/processed/train.csv"
+LABELS = "data/processed/labels.json"
+SHAPE = "data/processed/shape.json"
 OUT = "data/split"
 # what the keys this stage reads accept; load_params turns anything else into a one-line error
 CV_PARAMS = {"folds": (list,)}
@@ -59,22 +67,35 @@ def split_train_val(df, val_size, seed):
     return pd.concat([train, df[rare]]), val
 
 
-def holdout_folds(df, val_size, seed):
-    """The fold of each row for one holdout split: 0 for validation rows, -1 for the others."""
-    _, val = split_train_val(df, val_size, seed)
+def holdout_folds(df, val_size, seed, strata=None):
+    """The fold of each row for one holdout split: 0 for validation rows, -1 for the others. strata: what
+    to stratify by, df's labels by default; a 0/1 matrix (multi-label) is split iteratively."""
     folds = np.full(len(df), -1)
+    if strata is not None and np.ndim(strata) == 2:
+        from iterstrat.ml_stratifiers import MultilabelStratifiedShuffleSplit
+
+        if len(df) < 2:
+            raise PipelineError(f"{TRAIN_CSV}: no validation split possible with {len(df)} row(s)")
+        n_val = min(max(1, math.ceil(val_size * len(df))), len(df) - 1)
+        splitter = MultilabelStratifiedShuffleSplit(n_splits=1, test_size=n_val, random_state=seed)
+        folds[next(splitter.split(np.zeros(len(df)), strata))[1]] = 0
+        return folds
+    _, val = split_train_val(df if strata is None else df.assign(label=strata), val_size, seed)
     folds[df.index.get_indexer(val.index)] = 0
     return folds
 
 
 def kfold_folds(texts, labels, k, seed):
-    """The fold (0..k-1) of each row for stratified k-fold, rows with the same text together.
+    """The fold (0..k-1) of each row for stratified k-fold, rows with the same text together. labels:
+    what to stratify by, one per row, or a 0/1 matrix (multi-label: split iteratively).
 
     The folds are drawn over distinct texts (each with the label of its first row), so that
     sklearn's fast StratifiedKFold can be used: StratifiedGroupKFold took 17 s for 35k rows."""
     groups, _ = pd.factorize(pd.Series(texts))  # one group id per distinct text
     first_rows = pd.Series(range(len(groups))).groupby(groups).first().to_numpy()
     group_labels = np.asarray(labels)[first_rows]
+    if group_labels.ndim == 2:
+        return multilabel_kfold(group_labels, k, seed)[groups]
     counts = pd.Series(group_labels).value_counts()
     too_small = counts[counts < k]
     if len(too_small):
@@ -89,13 +110,33 @@ def kfold_folds(texts, labels, k, seed):
     return group_folds[groups]
 
 
-def describe_folds(folds, labels):
-    """One line per fold: how many rows it validates on, per class."""
-    table = pd.crosstab(pd.Series(folds, name="fold"), pd.Series(labels, name="label"))
+def multilabel_kfold(indicators, k, seed):
+    """The fold of each row of a 0/1 matrix (rows x classes) by iterative stratification."""
+    from iterstrat.ml_stratifiers import MultilabelStratifiedKFold
+
+    if len(indicators) < k:
+        raise PipelineError(f"{TRAIN_CSV}: {len(indicators)} distinct texts cannot fill {k} folds; use at most "
+                            f"{len(indicators)} folds in cv.folds")
+    folds = np.empty(len(indicators), dtype=int)
+    splitter = MultilabelStratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
+    for fold, (_, val_rows) in enumerate(splitter.split(np.zeros(len(indicators)), indicators)):
+        folds[val_rows] = fold
+    return folds
+
+
+def describe_folds(folds, labels, classes=()):
+    """One line per fold: how many rows it validates on, per class (for a 0/1 matrix, the rows holding
+    each class: a row of several classes counts for each)."""
+    folds = pd.Series(folds, name="fold")
+    if np.ndim(labels) == 2:
+        table = pd.DataFrame(np.asarray(labels), columns=list(classes)).groupby(folds).sum()
+    else:
+        table = pd.crosstab(folds, pd.Series(np.asarray(labels), name="label"))
+    sizes = folds.value_counts()
     for fold, row in table.iterrows():
         counts = ", ".join(f"{label} {n:,}" for label, n in row.items())
-        print(f"{row.sum():,} rows train every fold ({counts})" if fold < 0 else
-              f"fold {fold} validates on {row.sum():,} rows ({counts})")
+        print(f"{sizes[fold]:,} rows train every fold ({counts})" if fold < 0 else
+              f"fold {fold} validates on {sizes[fold]:,} rows ({counts})")
 
 
 def main():
@@ -103,11 +144,17 @@ def main():
     params = load_params("split", SPLIT_PARAMS)
 
     train = read_csv(TRAIN_CSV)
+    with open(SHAPE, encoding="utf-8") as f:
+        shape = SHAPES[json.load(f)["kind"]]
+    with open(LABELS, encoding="utf-8") as f:
+        classes = json.load(f)
+    strata = shape.strata(train["label"], classes, k)
     if k == 1:
-        folds = holdout_folds(train, params["val_size"], params["seed"])
+        folds = holdout_folds(train, params["val_size"], params["seed"], strata)
     else:
-        folds = kfold_folds(train["text"], train["label"], k, params["seed"])
-    describe_folds(folds, train["label"])
+        texts = train["text"] + ("\0" + train["text_pair"] if "text_pair" in train else "")  # a pair is one text here
+        folds = kfold_folds(texts, strata, k, params["seed"])
+    describe_folds(folds, strata, classes)
 
     with atomic_dir(OUT) as tmp:
         write_csv(pd.DataFrame({"row": range(len(folds)), "fold": folds}), tmp / "folds.csv")

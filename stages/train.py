@@ -1,11 +1,15 @@
-"""train: fine-tune the model on one fold's training rows with transformers' Trainer, then predict.
+"""train: fine-tune the model on one fold's training rows with transformers' Trainer.
 
 `python -m stages.train --fold K`; dvc.yaml runs it once per item of cv.folds, as stage train@K.
-Reads data/tokenized/{train,test}.safetensors, data/split/folds.csv (fold K validates on the rows
-marked K and trains on all the others) and data/processed/labels.json. Writes, for fold K:
-- models/fold-K: weights (safetensors), tokenizer, label mapping in config.json;
-- predictions/fold-K: oof.csv, the class probabilities of the rows it validated on (its final
-  evaluation), and test.csv, those of every test row;
+Reads data/tokenized/{train.safetensors,settings.json}, data/split/folds.csv (fold K validates on the
+rows marked K and trains on all the others) and data/processed/{labels.json,shape.json}: the task shape
+(stages/tasks.py) gives the number of outputs, the loss (transformers' problem_type) and the scores of
+each evaluation. Writes, for fold K:
+- models/fold-K: weights (safetensors), tokenizer, label mapping in config.json, and pipeline.json:
+  how the data was read, cleaned and tokenized, which python -m stages.predict and the predict_test
+  stage read (the test rows are predicted there, so a new test file retrains nothing);
+- predictions/fold-K: oof.csv, the outputs (class probabilities, or values) of the rows it validated
+  on (its final evaluation);
 - reports/train/fold-K: the training curves (dvclive: loss, learning rate, validation accuracy/F1,
   epoch time, and speed/*: examples and real tokens per second and padding fraction of all
   processes together, peak memory of the largest process, batch size, number of processes).
@@ -33,24 +37,25 @@ import numpy as np
 import torch
 import transformers
 from safetensors.torch import load_file
-from sklearn.metrics import accuracy_score, f1_score
-from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer,
-                          DataCollatorWithPadding, TrainingArguments, set_seed)
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, TrainingArguments, set_seed
 from transformers.integrations import DVCLiveCallback
 from transformers.trainer_callback import PrinterCallback
 from transformers.utils import is_torch_tf32_available
 
 from stages import checkpoint, folds, pruning, unpadded
 from stages.common import (SEEDS, PipelineError, Range, atomic_dir, interactive, load_params, run_main,
-                           seconds_since_start, unpack_sequences)
+                           seconds_since_start, unpack_flat, unpack_sequences, write_json)
+from stages.inference import PIPELINE, make_collator, predict_logits  # noqa: F401 (predict_logits: also train.<name>)
 from stages.models import model_params, resolve_model, set_dropout
 from stages.progress import ProgressLog
 from stages.processes import agreed_batch_size, join_processes, per_process_batch
 from stages.speed import (CountingTrainer, Throughput, autocast_dtype, check_batch_size, out_of_memory_in_training,
                           peak_memory, precision_note, use_expandable_segments)
+from stages.tasks import SHAPES
 
 TOKENIZED = Path("data/tokenized")
 LABELS = Path("data/processed/labels.json")
+SHAPE = Path("data/processed/shape.json")
 # what each train.* key accepts; load_params turns anything else into a one-line error
 TRAIN_PARAMS = {"epochs": (float, Range(0, low_open=True)), "batch_size": (int, "auto", Range(1)),
                 "effective_batch_size": (int, Range(1)), "lr": (float, Range(0, 1, low_open=True)),
@@ -64,35 +69,46 @@ MACHINE_PARAMS = {"checkpoint_dir": (str,), "checkpoint_minutes": (float, Range(
 
 
 class TokenizedDataset(torch.utils.data.Dataset):
-    """Unpadded token ids and label ids (lists), e.g. some rows of a split the tokenize stage saved."""
+    """Unpadded token ids and labels (lists), and segment ids for text pairs, e.g. some rows of a split
+    the tokenize stage saved."""
 
-    def __init__(self, sequences, labels):
-        self.sequences, self.labels = sequences, labels
+    def __init__(self, sequences, labels, token_types=None):
+        self.sequences, self.labels, self.token_types = sequences, labels, token_types
 
     @classmethod
-    def rows(cls, sequences, labels, rows):
-        return cls([sequences[i] for i in rows], [labels[i] for i in rows])
+    def rows(cls, sequences, labels, rows, token_types=None):
+        return cls([sequences[i] for i in rows], [labels[i] for i in rows],
+                   None if token_types is None else [token_types[i] for i in rows])
 
     def __len__(self):
         return len(self.sequences)
 
     def __getitem__(self, i):
-        return {"input_ids": self.sequences[i], "labels": self.labels[i]}
+        example = {"input_ids": self.sequences[i], "labels": self.labels[i]}
+        if self.token_types is not None:
+            example["token_type_ids"] = self.token_types[i]
+        return example
 
 
 class ValidationScores:
     """Trainer's compute_metrics, keeping the logits and scores of the latest evaluation: after the last
-    one, those are the fold's out-of-fold predictions, with no second pass over the validation rows."""
+    one, those are the fold's out-of-fold predictions, with no second pass over the validation rows.
+    The task shape computes the scores (scale: a regression target's standardisation)."""
 
-    def __init__(self):
+    def __init__(self, shape=SHAPES["classification"], scale=None):
+        self.shape, self.scale = shape, scale
         self.logits, self.latest = None, {}
 
     def __call__(self, eval_pred):
         self.logits, labels = eval_pred
-        predictions = np.argmax(self.logits, axis=-1)
-        self.latest = {"accuracy": accuracy_score(labels, predictions),
-                       "f1_macro": f1_score(labels, predictions, average="macro")}
+        self.latest = self.shape.evaluation_scores(self.logits, labels, self.scale)
         return self.latest
+
+
+def standardised(labels, scale):
+    """Targets as the model learns them: (y - mean) / std, scale from the task shape's target_scale."""
+    mean, std = scale
+    return [(y - mean) / std for y in labels]
 
 
 def evaluated_at_end(state):
@@ -114,11 +130,6 @@ class LiveCallback(DVCLiveCallback):
     def on_epoch_end(self, args, state, control, **kwargs):
         if self.live is not None:
             self.live.log_metric("epoch_time_s", round(time.perf_counter() - self.epoch_start, 1))
-
-
-def make_collator(tokenizer, device):
-    """Pads each batch to its own longest text; on GPU to a multiple of 8, the tensor cores' tile."""
-    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if device == "cuda" else None)
 
 
 def training_arguments(params, machine, output_dir, device, batch_size, accumulation):
@@ -165,14 +176,18 @@ def training_arguments(params, machine, output_dir, device, batch_size, accumula
     )
 
 
-def load_model(model_source, labels, trust_remote_code=False, dropout="model", freeze_embeddings=False):
-    """The tokenizer, and the model with a new classifier head for labels (seed first). dropout: a
+def load_model(model_source, labels, trust_remote_code=False, dropout="model", freeze_embeddings=False,
+               shape=SHAPES["classification"]):
+    """The tokenizer, and the model with a new head for labels and the task shape (seed first): its
+    number of outputs, and problem_type, from which transformers' models compute their loss. dropout: a
     probability for every dropout of the model, or "model" for the ones its config has;
     freeze_embeddings: the token-embedding matrix is not trained."""
     tokenizer = AutoTokenizer.from_pretrained(model_source, trust_remote_code=trust_remote_code)
-    config = AutoConfig.from_pretrained(model_source, num_labels=len(labels), trust_remote_code=trust_remote_code,
-                                        id2label=dict(enumerate(labels)),
-                                        label2id={name: i for i, name in enumerate(labels)})
+    outputs = shape.outputs(labels)
+    config = AutoConfig.from_pretrained(model_source, num_labels=len(outputs), trust_remote_code=trust_remote_code,
+                                        id2label=dict(enumerate(outputs)),
+                                        label2id={name: i for i, name in enumerate(outputs)},
+                                        problem_type=shape.problem_type)
     if not set_dropout(config, dropout) and dropout != "model":
         print(f"train.dropout {dropout}: the config of {model_source} names no dropout; it keeps its own")
     # transformers prints a table listing the classifier head as MISSING: that is expected for
@@ -195,25 +210,6 @@ def open_live(resume, folder):
     if resume:
         checkpoint.replay_logs(live, json.loads((resume / checkpoint.STATE).read_text())["log_history"])
     return live
-
-
-@torch.inference_mode()
-def predict_logits(model, collator, sequences, batch_size, device, dtype=None):
-    """Logits (n, num_labels) in input order, in float32. Batches hold texts of similar length
-    (sorted by length), so padding each batch to its own longest text wastes little."""
-    model.eval()
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
-    logits = torch.empty(len(sequences), model.config.num_labels)
-    for start in range(0, len(order), batch_size):
-        batch_index = order[start:start + batch_size]
-        batch = collator([{"input_ids": sequences[i]} for i in batch_index]).to(device)
-        with torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
-            logits[batch_index] = model(**batch).logits.float().cpu()
-    return logits
-
-
-def probabilities(logits):
-    return torch.softmax(torch.as_tensor(logits, dtype=torch.float32), dim=-1).numpy()
 
 
 def speed_line(speed):
@@ -250,6 +246,8 @@ def main():
     if not 0 <= fold < fold_count:
         raise PipelineError(f"--fold {fold}: {folds.FOLDS_CSV} has folds 0 to {fold_count - 1} "
                             "(cv.folds): rerun `dvc repro split`, or pick one of those")
+    data = json.loads(SHAPE.read_text(encoding="utf-8"))  # the task shape, and how the texts were read
+    shape = SHAPES[data["kind"]]
     out = {**folds.outputs(fold), "checkpoints": checkpoint.folder(fold, machine["checkpoint_dir"])}
     trial = pruning.TrialLink.from_env()  # set by python -m tune: this run is a trial of a study
     if trial and trial.by == "fold" and main_process and pruning.prune_at_fold(trial, fold):
@@ -261,19 +259,26 @@ def main():
 
     set_seed(params["seed"])  # before the model is built: seeds the new classifier head
     tokenizer, model = load_model(model_source, labels, model["trust_remote_code"], params["dropout"],
-                                  params["freeze_embeddings"])
+                                  params["freeze_embeddings"], shape)
     if main_process:  # a checkpoint that cannot be saved must stop the run now, not after an hour
         checkpoint.check_writable(out["checkpoints"].parent, checkpoint.checkpoint_bytes(model))
-    say(f"loaded {model_source}; the {len(labels)}-class classifier head is new (randomly initialised); "
+    say(f"loaded {model_source}; {shape.head(labels)} is new (randomly initialised); "
         f"dropout {'as the model has it' if params['dropout'] == 'model' else params['dropout']}" +
         (", token embeddings frozen" if params["freeze_embeddings"] else ""))
-    sequences, label_ids = unpack_sequences(load_file(TOKENIZED / "train.safetensors"))
-    train_set = TokenizedDataset.rows(sequences, label_ids, np.flatnonzero(row_folds != fold))
+    tensors = load_file(TOKENIZED / "train.safetensors")
+    sequences, label_ids = unpack_sequences(tensors)
+    token_types = unpack_flat(tensors, "token_type_ids")  # text pairs: which text each token belongs to
+    train_rows = np.flatnonzero(row_folds != fold)
+    scale = shape.target_scale([label_ids[i] for i in train_rows])  # regression: the target standardised
+    if scale:
+        label_ids = standardised(label_ids, scale)
+    train_set = TokenizedDataset.rows(sequences, label_ids, train_rows, token_types)
     # sorted by length: evaluation batches pad little, and its logits come back in this known order
     val_rows = sorted(np.flatnonzero(row_folds == fold), key=lambda i: len(sequences[i]))
-    val_set = TokenizedDataset.rows(sequences, label_ids, val_rows)
+    val_set = TokenizedDataset.rows(sequences, label_ids, val_rows, token_types)
     say(f"fold {fold}: training on {device}" + (f" in {world_size} processes" if world_size > 1 else "") +
-        f": {len(train_set):,} train / {len(val_set):,} validation examples, labels {labels}")
+        f": {len(train_set):,} train / {len(val_set):,} validation examples, {shape.describe(labels)}" +
+        (" and their second texts (pairs)" if data["pair_columns"] else ""))
     batch_size, accumulation, seq_len = agreed_batch_size(model, train_set.sequences, params, world_size, device)
     dtype = autocast_dtype(params["mixed_precision"], device)
     say(f"batch: {batch_size} per step x {accumulation} accumulated" +
@@ -281,18 +286,18 @@ def main():
         f" = {batch_size * accumulation * world_size} per optimizer step; longest batch {seq_len} tokens; "
         f"{str(dtype or torch.float32).removeprefix('torch.')}{precision_note(params['mixed_precision'], device)}")
 
-    inputs = sorted(TOKENIZED.glob("*.safetensors")) + [LABELS, folds.FOLDS_CSV]
+    inputs = [TOKENIZED / "train.safetensors", TOKENIZED / "settings.json", LABELS, SHAPE, folds.FOLDS_CSV]
     trained_with = checkpoint.fingerprint(params, model_name, world_size, batch_size, accumulation,
                                           checkpoint.file_digest(inputs))
     resume = checkpoint.prepare(trained_with, out["checkpoints"], main_process=main_process)
     live = open_live(resume, out["live"]) if main_process else None
     if live:  # the device this run was given: with a queue worker per GPU (README), which one each took
         live.summary.update(device=device, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
-    throughput, scores, collator = Throughput(), ValidationScores(), make_collator(tokenizer, device)
+    throughput, scores, collator = Throughput(), ValidationScores(shape, scale), make_collator(tokenizer, device)
     packed = params["unpadded"] and unpadded.supports(model)
     if params["unpadded"]:
         say("train.unpadded: padding-free batches" if packed else
-            f"train.unpadded: {type(model).__name__} is not a BERT-style classifier; padded batches instead")
+            f"train.unpadded: {type(model).__name__} is not a BERT-style single-label classifier; padded batches instead")
     if params["compile"]:
         say("train.compile: torch.compile; the first batches are slow while each new batch shape is compiled")
     callbacks = [LiveCallback(live=live)] if live else []
@@ -343,18 +348,18 @@ def main():
     for name, value in speed.items():
         live.log_metric(f"speed/{name}", value, plot=False)
     live.make_summary()
-    test_path = TOKENIZED / "test.safetensors"
-    test_sequences = unpack_sequences(load_file(test_path))[0] if test_path.exists() else None
     with atomic_dir(out["predictions"]) as tmp:
-        folds.write_probabilities(folds.probabilities_frame(val_rows, probabilities(scores.logits), labels),
-                                  tmp / "oof.csv")
-        if test_sequences is not None:
-            logits = predict_logits(model, collator, test_sequences, 2 * batch_size, device, dtype)
-            folds.write_probabilities(folds.probabilities_frame(range(len(test_sequences)), probabilities(logits),
-                                                                labels), tmp / "test.csv")
+        folds.write_probabilities(folds.probabilities_frame(val_rows, shape.activate(scores.logits, scale),
+                                                            shape.outputs(labels)), tmp / "oof.csv")
+    run = {**data, "labels": labels, **json.loads((TOKENIZED / "settings.json").read_text(encoding="utf-8")),
+           "token_types": token_types is not None, "target_scale": scale,
+           # the test rows are predicted as the validation rows were: batches of this size, in this precision
+           "predict_batch_size": 2 * batch_size, "precision": str(dtype or torch.float32).removeprefix("torch."),
+           "fold": fold, "folds": fold_count, "run": trained_with["data sha256"]}  # the same in every fold of a run
     with atomic_dir(out["model"]) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        write_json(tmp / PIPELINE, run)
     checkpoint.remove(out["checkpoints"])
     if trial and trial.by == "fold":  # written: the fold's score may now count against the trial
         pruning.report_fold(trial, fold, scores.latest.get(trial.metric, float("nan")), trainer.state.global_step)

@@ -34,9 +34,10 @@ ATTENTION = "unpadded_sdpa"  # the attention implementation name UnpaddedClassif
 
 
 def collate(examples):
-    """One packed row from unpadded examples {"input_ids": [...], "labels": int}: input_ids and
-    position_ids (1, total_tokens), positions restarting at 0 in each text; cu_seq_lens_q/k (n + 1,)
-    int32, the texts' start offsets then the total; max_length_q/k, the longest text; labels (n,)."""
+    """One packed row from unpadded examples {"input_ids": [...], "labels": ...} (and "token_type_ids" of
+    text pairs): input_ids, position_ids (1, total_tokens), positions restarting at 0 in each text, and
+    token_type_ids alike; cu_seq_lens_q/k (n + 1,) int32, the texts' start offsets then the total;
+    max_length_q/k, the longest text; labels (n,) or (n, classes)."""
     ids = [torch.as_tensor(e["input_ids"], dtype=torch.long) for e in examples]
     lengths = torch.tensor([len(x) for x in ids])
     if not len(ids) or lengths.min() < 1:
@@ -45,6 +46,8 @@ def collate(examples):
     longest = int(lengths.max())
     batch = {"input_ids": torch.cat(ids)[None], "position_ids": torch.cat([torch.arange(n) for n in lengths])[None],
              "cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "max_length_q": longest, "max_length_k": longest}
+    if "token_type_ids" in examples[0]:
+        batch["token_type_ids"] = torch.cat([torch.as_tensor(e["token_type_ids"], dtype=torch.long) for e in examples])[None]
     if "labels" in examples[0]:
         batch["labels"] = torch.tensor([e["labels"] for e in examples])
     return batch
@@ -94,8 +97,9 @@ AttentionMaskInterface.register(ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
 
 def supports(model):
     """Whether UnpaddedClassifier computes what this model computes: a single-label
-    BertForSequenceClassification (BERT, MiniLM and other model_type "bert" checkpoints), an encoder
-    with a pooler, whose attention goes through transformers' registry. Others: padded batches."""
+    BertForSequenceClassification (BERT, MiniLM and other model_type "bert" checkpoints; single texts or
+    text pairs), an encoder with a pooler, whose attention goes through transformers' registry. Others
+    (multi-label and regression heads too): padded batches."""
     config = model.config
     return (isinstance(model, BertForSequenceClassification) and model.bert.pooler is not None
             and not config.is_decoder and not config.add_cross_attention
@@ -117,9 +121,10 @@ class UnpaddedClassifier(torch.nn.Module):
         self.config = model.config  # Trainer reads a few settings from model.config
 
     def forward(self, input_ids, position_ids, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k,
-                labels=None):
+                labels=None, token_type_ids=None):
         # no **kwargs: Trainer then averages the loss over accumulated micro-batches itself
-        hidden = self.model.bert(input_ids, position_ids=position_ids, cu_seq_lens_q=cu_seq_lens_q,
+        hidden = self.model.bert(input_ids, token_type_ids=token_type_ids, position_ids=position_ids,
+                                 cu_seq_lens_q=cu_seq_lens_q,
                                  cu_seq_lens_k=cu_seq_lens_k, max_length_q=max_length_q,
                                  max_length_k=max_length_k).last_hidden_state  # (1, T, hidden)
         first = hidden[0, cu_seq_lens_q[:-1].long()]  # (n, hidden): each text's [CLS]

@@ -189,7 +189,8 @@ def test_quoted_newlines_commas_and_quotes_round_trip(work):
 def test_misspelled_preprocess_key(work):
     set_params(work, lowercse=True)
     write_raw(work, train=HEADER + GOOD_ROWS)
-    fails_with(work, "params.yaml: unknown key preprocess.lowercse; preprocess takes text_column, label_column, "
+    fails_with(work, "params.yaml: unknown key preprocess.lowercse; preprocess takes text_column, text_pair_column, "
+                     "label_column, "
                      "id_column, lowercase, unescape_html, replace_urls, replace_mentions, normalize_whitespace, "
                      "drop_duplicates")
 
@@ -467,3 +468,19 @@ def test_max_length_above_what_the_model_takes(tmp_path, tiny_model_dir):
         f"error: params.yaml: tokenize.max_length 512 is more than model.name '{tiny_model_dir}' takes (128 "
         "tokens): set it to at most 128, or auto\n")), result.stdout + result.stderr
     assert not (tmp_path / "data/tokenized").exists() and not (tmp_path / "reports").exists()
+
+
+# ---- encodings -----------------------------------------------------------------------------
+
+def test_korean_saved_in_cp949_is_read_as_korean(work):
+    # what Excel on a Korean Windows and Dacon's downloads save: CP949, EUC-KR with 8,822 more syllables
+    # (똠 is one of them, outside EUC-KR)
+    rows = "".join(f"{text} {i},{label}\n" for i in range(10) for text, label in
+                   (("정말 재미있는 영화", "긍정"), ("별로였다 지루함", "부정"), ("똠방각하 그냥 그랬다", "보통")))
+    write_raw(work, train=(HEADER + rows).encode("cp949"))
+    out, frames, labels = succeeds(work)
+    assert "data/raw/train.csv: not UTF-8: read as CP949 (Korean; EUC-KR is part of it)" in out
+    assert "cp1252" not in out
+    assert labels == ["긍정", "보통", "부정"]
+    texts = set(frames["train"]["text"]) | set(frames["val"]["text"])
+    assert {"정말 재미있는 영화 0", "똠방각하 그냥 그랬다 9"} <= texts

@@ -63,10 +63,10 @@ def probabilities(path):
 
 def test_one_stage_per_fold_each_ran_once(cv_repo):
     _, repo, ran = cv_repo
-    assert ran[:4] == UPSTREAM and sorted(ran[4:7]) == FOLD_STAGES and ran[7:] == ["evaluate"]
+    assert ran[:4] == UPSTREAM and sorted(ran[4:7]) == FOLD_STAGES and ran[7:] == ["predict_test", "evaluate"]
     for k in FOLDS:
         for path in (f"models/fold-{k}/model.safetensors", f"predictions/fold-{k}/oof.csv",
-                     f"predictions/fold-{k}/test.csv", f"reports/train/fold-{k}/metrics.json"):
+                     f"predictions/test/fold-{k}.csv", f"reports/train/fold-{k}/metrics.json"):
             assert (repo / path).is_file(), path
     assert "Data and pipelines are up to date" in dvc("repro", cwd=repo).stdout
 
@@ -109,7 +109,7 @@ def test_metrics_are_out_of_fold_scores_and_their_spread_over_folds(cv_repo):
 
 def test_submission_is_the_argmax_of_the_mean_fold_probabilities(cv_repo, tiny_data_dir):
     _, repo, _ = cv_repo
-    fold_probs = [probabilities(repo / f"predictions/fold-{k}/test.csv")[1].to_numpy() for k in FOLDS]
+    fold_probs = [probabilities(repo / f"predictions/test/fold-{k}.csv")[1].to_numpy() for k in FOLDS]
     mean = np.mean(fold_probs, axis=0)
     submission = pd.read_csv(repo / "submission/submission.csv", dtype=str)
     test_ids = pd.read_csv(tiny_data_dir / "test.csv", dtype=str)["id"].tolist()
@@ -130,10 +130,10 @@ def test_a_change_reruns_exactly_what_it_affects(cv_repo, tmp_path):
     assert logged_repro(repo)[0] == ["evaluate"]
     set_params(repo, train__lr=2e-3)
     ran, _ = logged_repro(repo)
-    assert sorted(ran[:-1]) == FOLD_STAGES and ran[-1] == "evaluate"
+    assert sorted(ran[:-2]) == FOLD_STAGES and ran[-2:] == ["predict_test", "evaluate"]
     set_params(repo, cv__folds=[0, 1])
     ran, out = logged_repro(repo)
-    assert ran == ["split", "train@0", "train@1", "evaluate"]
+    assert ran == ["split", "train@0", "train@1", "predict_test", "evaluate"]
     assert "fold-2 left by an earlier run with more folds; not used" in out
     assert set(json.loads((repo / "reports/evaluate/metrics.json").read_text())["cv"]["per_fold"]) == {"0", "1"}
 
@@ -161,10 +161,10 @@ def test_a_kill_in_fold_2_loses_only_fold_2(cv_repo, tmp_path):
             process.communicate()
     assert stage_log(log)[-1] == "train@2" and not (repo / "models/fold-2").exists()
     ran, _ = logged_repro(repo)
-    assert ran == ["train@2", "evaluate"], "folds 0 and 1 were finished: only fold 2 and the ensemble rerun"
+    assert ran == ["train@2", "predict_test", "evaluate"], "folds 0 and 1 were finished: only fold 2 and the ensemble rerun"
     for name in ("models/fold-2/model.safetensors", "submission/submission.csv"):
         assert (repo / name).is_file(), name
-    for name in ("predictions/fold-2/oof.csv", "predictions/fold-2/test.csv"):
+    for name in ("predictions/fold-2/oof.csv", "predictions/test/fold-2.csv"):
         assert (repo / name).read_bytes() == (done / name).read_bytes(), name
 
 
@@ -186,7 +186,7 @@ def test_folds_run_on_three_clones_that_share_a_remote(cv_repo, tmp_path):
     dvc("push", "--run-cache", cwd=clones["b"])
     # C restores both folds and trains only the one nobody ran
     ran_c, _ = logged_repro(clones["c"], "--pull")
-    assert ran_c == ["train@2", "evaluate"]
+    assert ran_c == ["train@2", "predict_test", "evaluate"]
     for k in FOLDS:  # the same runs as the one-machine repro, fold by fold
         name = f"predictions/fold-{k}/oof.csv"
         assert (clones["c"] / name).read_bytes() == (done / name).read_bytes(), name

@@ -36,7 +36,7 @@ def test_out_of_fold_rows_are_combined_in_row_order_and_checked_against_the_spli
         combine_out_of_fold(np.array([1, 0, 0, 0, -1]), oof)
     tests = [(np.arange(2), np.array([[0.2, 0.8], [1.0, 0.0]])), (np.arange(2), np.array([[0.6, 0.4], [0.0, 1.0]]))]
     assert np.allclose(mean_test_probabilities(tests, 2), [[0.4, 0.6], [0.5, 0.5]])
-    with pytest.raises(PipelineError, match=r"fold-0/test.csv does not hold the 3 rows"):
+    with pytest.raises(PipelineError, match=r"predictions/test/fold-0.csv does not hold the 3 rows"):
         mean_test_probabilities(tests, 3)
     summary = spread([{"accuracy": 0.8, "f1_macro": 0.7}, {"accuracy": 0.9, "f1_macro": 0.8}])
     assert summary["f1_macro_mean"] == 0.75 and summary["f1_macro_std"] == round(float(np.std([0.7, 0.8], ddof=1)), 4)

@@ -20,9 +20,14 @@ BOOLEANS = ["preprocess.lowercase", "preprocess.unescape_html", "preprocess.repl
             "train.compile"]
 # key: the values outside what it allows (zero, negative, too large, a wrong word or kind, as applies)
 BAD_VALUES = {
-    "fetch.source": [5], "fetch.train_file": [5], "fetch.test_file": [5], "fetch.sha256": [5],
+    "fetch.source": [5], "fetch.train_file": [5], "fetch.test_file": [5], "fetch.sample_submission_file": [5],
+    "fetch.sha256": [5],
     "fetch.timeout": [0, -1], "fetch.retries": [-1, 101, 1.5],
-    "preprocess.text_column": [5], "preprocess.label_column": [["a"]], "preprocess.id_column": [5],
+    "task.kind": ["regresion", 5], "task.label_separator": ["", " ", 5],
+    "task.metric": ["f2", 5, "rmse"],  # rmse scores regression, not the default classification
+    "preprocess.text_column": [5, [], ["a", "a"]], "preprocess.text_pair_column": [5, [], [1]],
+    "preprocess.label_column": [["a"], 5],  # a list of 0/1 columns is multi-label, not classification
+    "preprocess.id_column": [5],
     "model.name": [5],
     "tokenize.max_length": [1, 0, "longest"], "tokenize.length_percentile": [0, 101],
     "cv.folds": [0, 3, [], [1, 2]],
@@ -41,7 +46,7 @@ BAD_VALUES = {
 }
 # the module that checks each section first (dvc.yaml lists every stage that reads it; python -m tune
 # reads the tune section, which no stage does)
-MODULE_OF = {"fetch": "stages.fetch", "preprocess": "stages.preprocess", "model": "stages.tokenize",
+MODULE_OF = {"fetch": "stages.fetch", "task": "stages.preprocess", "preprocess": "stages.preprocess", "model": "stages.tokenize",
              "tokenize": "stages.tokenize", "cv": "stages.split", "split": "stages.split", "train": "stages.train",
              "machine": "stages.train", "tune": "tune"}
 

@@ -15,7 +15,7 @@ import yaml
 from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = {"fetch", "preprocess", "tokenize", "split", "train@0", "evaluate"}  # cv.folds [0]: one fold
+STAGES = {"fetch", "preprocess", "tokenize", "split", "train@0", "predict_test", "evaluate"}  # cv.folds [0]: one fold
 # Small enough for CI; two epochs, so the curves of an experiment have points (2 evaluations per run).
 TINY_PARAMS = dict(preprocess__id_column="id", train__epochs=2, train__batch_size=16, train__lr=3e-3)
 PROJECT_FILES = ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore")
@@ -95,7 +95,7 @@ def test_first_repro_runs_every_stage_and_writes_outputs(pipeline):
     for path in ["data/raw/train.csv", "data/raw/test.csv", "data/processed/labels.json",
                  "data/split/folds.csv", "data/tokenized/train.safetensors",
                  "models/fold-0/model.safetensors", "models/fold-0/tokenizer.json",
-                 "predictions/fold-0/oof.csv", "predictions/fold-0/test.csv",
+                 "predictions/fold-0/oof.csv", "predictions/test/fold-0.csv",
                  "reports/tokenize/lengths.json", "reports/train/fold-0/metrics.json",
                  "reports/evaluate/confusion_val.csv", "submission/submission.csv",
                  "submission/probabilities.csv"]:
@@ -163,19 +163,20 @@ def test_only_affected_stages_rerun(pipeline):
     repo, _ = pipeline
     assert repro(repo) == set()
     set_params(repo, train__lr=2e-3)
-    assert repro(repo) == {"train@0", "evaluate"}
+    assert repro(repo) == {"train@0", "predict_test", "evaluate"}
     set_params(repo, tokenize__max_length=8)  # short enough to cut the tiny texts
-    assert repro(repo) == {"tokenize", "train@0", "evaluate"}
+    assert repro(repo) == {"tokenize", "train@0", "predict_test", "evaluate"}
     set_params(repo, split__val_size=0.2)
-    assert repro(repo) == {"split", "train@0", "evaluate"}
+    assert repro(repo) == {"split", "train@0", "predict_test", "evaluate"}
 
 
 def test_padding_free_batches_train_as_well(pipeline):
     repo, _ = pipeline
     padded = json.loads((repo / "reports/evaluate/metrics.json").read_text())["val"]
     set_params(repo, train__unpadded=True)
-    # evaluate reruns only if the probabilities changed: on this easy data they may agree to 7 digits
-    assert repro(repo) - {"evaluate"} == {"train@0"}
+    # predict_test and evaluate rerun only if the model or the probabilities changed: on this easy data
+    # they may agree to the bit
+    assert repro(repo) - {"predict_test", "evaluate"} == {"train@0"}
     packed = json.loads((repo / "reports/evaluate/metrics.json").read_text())["val"]
     # the same model and data in the same order; only bf16 rounding differs, so nearly the same scores
     assert packed["accuracy"] == pytest.approx(padded["accuracy"], abs=0.1), (padded, packed)
@@ -211,7 +212,7 @@ def test_a_compiled_model_trains_as_the_eager_one(tmp_path, tiny_data_dir, tiny_
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(compiled_code))
     set_params(repo, train__compile=True)
     ran, log = repro(repo, with_log=True)
-    assert ran - {"evaluate"} == {"train@0"}
+    assert ran - {"predict_test", "evaluate"} == {"train@0"}
     assert "train.compile: torch.compile; the first batches are slow" in log
     assert list(compiled_code.rglob("*.py")), "Inductor generated no code: the model was not compiled"
     compiled = load_file(repo / "models/fold-0/model.safetensors")

@@ -103,3 +103,16 @@ def test_cp1252_fallback_keeps_utf8_characters(tmp_path, capsys):
     (tmp_path / "t.csv").write_bytes("text\nnaïve\n".encode() + b"\x93quoted\x94 \x81\n")
     assert read_csv(tmp_path / "t.csv")["text"].tolist() == ["naïve", "\u201cquoted\u201d \x81"]
     assert "3 byte(s) read as cp1252, the first (0x93) at byte offset 12, line 3" in capsys.readouterr().out
+
+
+def test_only_korean_text_is_read_as_cp949():
+    from stages.csvfiles import korean_text
+
+    korean = "text,label\n이 영화 정말 재미있어요,긍정\n똠방각하,부정\n"
+    assert korean_text(korean.encode("cp949")) == korean
+    assert korean_text(korean.encode("euc_kr", errors="ignore")).startswith("text,label\n이 영화")
+    # Western text in cp1252 may decode as CP949 (é and the letter after it make an extra syllable):
+    # it does not read as Korean
+    for western in ("été à la plage, déjà vu\n", "Grüße aus München\n", "naïve café\n"):
+        assert korean_text(western.encode("cp1252")) is None, western
+    assert korean_text(b"plain ascii\n") is None

@@ -140,7 +140,7 @@ def test_rerunning_resumes_the_study_without_repeating_a_trial(one_fold, tmp_pat
     trials = study_trials(repo)
     assert len(finished(trials)) == 6 and "5 of 6 trials done" in out, out
     assert re.findall(r"^trial (\d+) \(", out, re.M) == ["5"], out  # only the new one ran
-    assert set(stage_runs(tmp_path / "stages.log")) <= {"train@0", "evaluate"}
+    assert set(stage_runs(tmp_path / "stages.log")) <= {"train@0", "predict_test", "evaluate"}
     assert "6 of 6 trials done" in tune(repo, "--trials", "6").stdout  # done: nothing more runs
 
 

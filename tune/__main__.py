@@ -23,8 +23,8 @@ from stages.common import PipelineError, load_params, run_main
 from stages.progress import duration
 from stages.pruning import TrialLink
 from tune import trials as trial_runs
-from tune.settings import (TUNING, evaluated_metric, finite, load_settings, objective_metric, parse_enqueued,
-                           pruning_plan, storage_url)
+from tune.settings import (TUNING, evaluated_metric, finite, load_settings, objective_direction, objective_metric,
+                           parse_enqueued, pruning_plan, storage_url)
 from tune.study import check_experiment_names, create_study, enqueue_first, open_storage, scrub
 
 MAX_FAILURES_IN_A_ROW = 3
@@ -69,8 +69,9 @@ def main():
     if args.trials:
         settings["trials"] = args.trials
     enqueued = [parse_enqueued(text, space) for text in args.enqueue]
-    metric = objective_metric(settings["metric"], fold_count)
-    pruner, by = pruning_plan(settings["pruner"], fold_count, metric)
+    metric = objective_metric(settings["metric"], fold_count, settings["kind"], settings["competition"])
+    settings["direction"] = objective_direction(settings["direction"], metric)
+    pruner, by = pruning_plan(settings["pruner"], fold_count, metric, settings["kind"])
     url = storage_url(args.storage, settings["storage"])
     storage = open_storage(url, heartbeat=settings["heartbeat"])
     # the tuner prints a line per trial itself; Optuna would add a traceback for each failed one
@@ -95,7 +96,8 @@ def main():
         params = {key: dimension.suggest(trial) for key, dimension in space.items()}
         experiment = f"{name}-{trial.number}"
         trial.set_user_attr("experiment", experiment)
-        link = TrialLink(url, name, trial._trial_id, trial.number, evaluated_metric(metric) or "f1_macro", by, pruner)
+        link = TrialLink(url, name, trial._trial_id, trial.number,
+                         evaluated_metric(metric, settings["kind"]) or "f1_macro", by, pruner)
         log = logs / f"trial-{trial.number}.log"
         print(f"trial {trial.number} ({experiment}): {describe(params)}; log {log}", flush=True)
         outcome = trial_runs.run(experiment, {**params, **fixed}, link, log, checkpoints)

@@ -7,6 +7,8 @@ whether blending beats the best single trial, and writes its submission.
 
 Every member must have been trained on the same processed data and split (dvc.lock says so); each
 member's test probabilities are its own fold ensemble (evaluate's), and the blend averages those.
+Single-label classification only (task.kind classification, text pairs included): a multi-label blend
+would need its threshold chosen again, a regression one its values averaged; not done yet.
 """
 import argparse
 import io
@@ -55,6 +57,16 @@ def experiment_ref(name):
     return found[0]
 
 
+def check_classification(members):
+    """Only single-label runs blend here (their class probabilities, argmax): one line for the others."""
+    for name in members:
+        shown = subprocess.run(["git", "show", f"{experiment_ref(name)}:params.yaml"], capture_output=True, text=True)
+        kind = ((yaml.safe_load(shown.stdout) or {}).get("task") or {}).get("kind", "classification")
+        if kind != "classification":
+            raise PipelineError(f"experiment {name} is task.kind {kind}: python -m tune.blend averages the class "
+                                "probabilities of single-label classification runs only")
+
+
 def check_same_data(members):
     """Members trained on other data or folds cannot be averaged row by row."""
     digests = {name: [lock(experiment_ref(name))[stage]["outs"][0]["md5"] for stage in SHARED] for name in members}
@@ -74,7 +86,8 @@ def member_probabilities(name, labels, row_folds, n_test):
         prefix = folds.outputs(k)["predictions"]
         oof.append(folds_probabilities(read(prefix / "oof.csv", ref), labels, f"{prefix}/oof.csv of {name}"))
         if n_test:
-            tests.append(folds_probabilities(read(prefix / "test.csv", ref), labels, f"{prefix}/test.csv of {name}"))
+            path = folds.outputs(k)["test"]
+            tests.append(folds_probabilities(read(path, ref), labels, f"{path} of {name}"))
     rows, probabilities = combine_out_of_fold(row_folds, oof)
     return rows, probabilities, mean_test_probabilities(tests, n_test) if n_test else None
 
@@ -87,6 +100,7 @@ def folds_probabilities(text, labels, name):
 
 
 def blend(members, out):
+    check_classification(members)
     check_same_data(members)
     ref = experiment_ref(members[0])
     labels = json.loads(read("data/processed/labels.json", ref))

@@ -12,11 +12,13 @@ import yaml
 
 from stages.common import PARAMS_FILE, SEEDS, PipelineError, Range, check_kind, load_params, redact
 from stages.pruning import PRUNERS
+from stages.scores import LOWER_IS_BETTER
+from stages.tasks import SHAPES, headline, task_params
 
 TUNING = Path("tuning")  # the studies' database, trial logs, reports and blends; ignored by git and DVC
 DEFAULT_STORAGE = TUNING / "studies.db"
 STORAGE_ENV = "TUNE_STORAGE"  # a storage URL with a password belongs here (or in --storage), not in params.yaml
-TUNE_PARAMS = {"study": (str,), "trials": (int, Range(1)), "metric": (str,), "direction": ("maximize", "minimize"),
+TUNE_PARAMS = {"study": (str,), "trials": (int, Range(1)), "metric": (str,), "direction": ("auto", "maximize", "minimize"),
                "seed": (int, SEEDS), "pruner": ("auto", *PRUNERS), "evaluations": (int, Range(1)),
                "heartbeat": (int, Range(1, 3600)), "storage": (str, None), "space": (dict,)}
 STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # it names experiments: a git ref's rules
@@ -25,9 +27,11 @@ SECTION_SPECS = {"preprocess": "stages.preprocess:PREPROCESS_PARAMS", "model": "
                  "tokenize": "stages.tokenize:TOKENIZE_PARAMS", "split": "stages.split:SPLIT_PARAMS",
                  "train": "stages.train:TRAIN_PARAMS"}
 # not searchable: what the data is (fetch), what the score means (cv.folds), the study itself
-NOT_SEARCHED = {"fetch": "it changes the data", "cv": "it changes what the score means", "tune": "it is the study"}
-# the validation scores the train stage computes at each evaluation (pruning reports one of them)
-EVALUATED = ("accuracy", "f1_macro")
+NOT_SEARCHED = {"fetch": "it changes the data", "cv": "it changes what the score means",
+                "task": "it changes what the score means", "tune": "it is the study"}
+# the validation scores the train stage computes at each evaluation (pruning reports one of them), per
+# task shape (stages/tasks.py)
+EVALUATED = SHAPES["classification"].evaluated
 
 
 @dataclass(frozen=True)
@@ -117,29 +121,40 @@ def as_written(raw, checked):
     return int(checked) if isinstance(raw, int) and not isinstance(raw, bool) else checked
 
 
-def objective_metric(metric, fold_count):
-    """The metrics key the study optimizes: tune.metric, or for auto val.f1_macro with one fold and
-    oof.f1_macro with several. A key evaluate never writes is a one-line error."""
+def objective_metric(metric, fold_count, kind="classification", competition="f1_macro"):
+    """The metrics key the study optimizes: tune.metric, or for auto the competition's metric (task.metric)
+    on the holdout rows with one fold (val.f1_macro by default) and out of fold with several
+    (oof.f1_macro). A key evaluate never writes for this task shape is a one-line error."""
     if metric == "auto":
-        return "val.f1_macro" if fold_count == 1 else "oof.f1_macro"
+        return f"{'val' if fold_count == 1 else 'oof'}.{competition}"
     splits = ("val", "test") if fold_count == 1 else ("oof", "test")
-    known = [f"{s}.{m}" for s in splits for m in EVALUATED]
+    scores = headline(kind, competition)
+    known = [f"{s}.{m}" for s in splits for m in scores]
     if fold_count > 1:
-        known += [f"cv.{m}_{stat}" for m in EVALUATED for stat in ("mean", "std")]
+        known += [f"cv.{m}_{stat}" for m in scores for stat in ("mean", "std")]
     if metric not in known:
         raise PipelineError(f"{PARAMS_FILE}: tune.metric {metric!r} is not a score of "
                             f"reports/evaluate/metrics.json with {fold_count} fold(s); one of: auto, {', '.join(known)}")
     return metric
 
 
-def evaluated_metric(metric):
+def evaluated_metric(metric, kind="classification"):
     """The train stage's per-evaluation score that stands for `metric` while a trial runs (f1_macro for
     val.f1_macro, oof.f1_macro or cv.f1_macro_mean); None when none does (a spread, say)."""
     name = metric.split(".", 1)[1].removesuffix("_mean")
-    return name if name in EVALUATED else None
+    return name if name in SHAPES[kind].evaluated else None
 
 
-def pruning_plan(pruner, fold_count, metric):
+def objective_direction(direction, metric):
+    """tune.direction, or for auto: minimize an error or loss (RMSE, MAE, log loss and their means and
+    spreads), maximize the others (a spread too, as ever: say minimize to prefer steady folds)."""
+    if direction != "auto":
+        return direction
+    name = metric.split(".", 1)[1].removesuffix("_mean").removesuffix("_std")
+    return "minimize" if name in LOWER_IS_BETTER else "maximize"
+
+
+def pruning_plan(pruner, fold_count, metric, kind="classification"):
     """(pruner, "evaluation" or "fold"): what prunes a trial and at which points. auto: successive
     halving over the evaluations with one fold, the median rule over the folds with several."""
     by = "evaluation" if fold_count == 1 else "fold"
@@ -149,7 +164,7 @@ def pruning_plan(pruner, fold_count, metric):
         # its smallest one-sided p-value after n paired folds is 1/2^n: below 0.1 only from 4 folds on
         raise PipelineError(f"{PARAMS_FILE}: tune.pruner wilcoxon cannot stop a trial of {fold_count} "
                             "fold(s) (its test needs 4 finished folds to reach p < 0.1): use median, or more folds")
-    if evaluated_metric(metric) is None and pruner != "none":
+    if evaluated_metric(metric, kind) is None and pruner != "none":
         print(f"tune.metric {metric}: no score of a running trial stands for it, so trials are not pruned")
         pruner = "none"
     return pruner, by
@@ -194,8 +209,11 @@ def parse_enqueued(text, space):
 
 def load_settings(path=PARAMS_FILE):
     """(tune settings, search space {key: Dimension}, the number of folds): everything checked before a
-    trial runs, each problem one line naming the key."""
+    trial runs, each problem one line naming the key. The settings gain the task shape (`kind`) and the
+    competition's metric (`competition`, task.metric resolved)."""
     settings = load_params("tune", TUNE_PARAMS, path)
+    task = task_params(path)
+    settings.update(kind=task["kind"], competition=task["metric"])
     if not STUDY_NAME_RE.match(settings["study"]):
         raise PipelineError(f"{path}: tune.study {settings['study']!r} names experiments: letters, digits, "
                             "'.', '_' and '-', starting with a letter or digit")

@@ -1,0 +1,104 @@
+"""What the benchmark's rows share: the goals, the baseline recipe, the corpus and models they train,
+the TokenizedDataset a row trains on, and waiting for the GPU."""
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import BertConfig, BertForSequenceClassification, set_seed
+
+from stages.common import pack_sequences, unpack_sequences
+from stages.csvfiles import read_csv
+from stages.fetch import write_builtin
+from stages.models import resolve_model, set_dropout
+from stages.preprocess import CLEANING_SWITCHES, clean_frame
+from stages.speed import Throughput
+from stages.train import TokenizedDataset, load_model
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINE_MAX_LENGTH = 128  # the usual recipe pads every text to this
+BASELINE_BATCH = 32
+GOALS = {"tokenize": 3.0, "memory": 1.3, "train": 3.0, "bf16": 1.6, "mfu": 0.5, "dvc_s": 3.0}
+QUIET = {"disable_tqdm": True, "logging_strategy": "no", "eval_strategy": "no", "report_to": "none"}
+# the machine section as the stage would have it, but no checkpoints: writing them would be timed as training
+NO_CHECKPOINTS = {"checkpoint_dir": "unused", "checkpoint_minutes": float("inf"), "checkpoint_steps": None,
+                  "loader_workers": 2, "pin_memory": True}
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def free_gpu():
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def verdict(value, goal, at_least=True):
+    ok = value >= goal if at_least else value <= goal
+    return "meets the goal" if ok else "BELOW THE GOAL"
+
+
+def load_average():
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def load_corpus(preprocess):
+    """(train texts, train labels, test texts) of the embedded tweets, cleaned as preprocess cleans them."""
+    options = {k: preprocess[k] for k in CLEANING_SWITCHES}
+    with tempfile.TemporaryDirectory() as folder:
+        raw = Path(folder) / "raw"  # write_builtin makes the folder itself
+        write_builtin(raw)
+        frames = [clean_frame(read_csv(raw / f"{s}.csv"), preprocess["text_column"],
+                              preprocess["label_column"], options) for s in ("train", "test")]
+    train, test = frames
+    names = sorted(set(train["label"]))
+    return train["text"].tolist(), [names.index(x) for x in train["label"]], test["text"].tolist()
+
+
+def dataset(folder, name, sequences, labels):
+    """A TokenizedDataset, loaded the way the train stage loads one (a file's rows)."""
+    path = Path(folder) / f"{name}.safetensors"
+    save_file(pack_sequences(sequences, labels), path)
+    sequences, labels = unpack_sequences(load_file(path))
+    return TokenizedDataset.rows(sequences, labels, range(len(sequences)))
+
+
+def combined(meters):
+    """One Throughput summing several measured runs."""
+    total = Throughput()
+    for m in meters:
+        total.samples += m.samples
+        total.padded_tokens += m.padded_tokens
+        total.real_tokens += int(m.real_tokens)
+        total.seconds += m.seconds
+    return total
+
+
+def recipe(params):
+    """The train.* keys that change the model being trained, as make_model takes them."""
+    return {"dropout": params["dropout"], "freeze_embeddings": params["freeze_embeddings"]}
+
+
+AS_LOADED = {"dropout": "model", "freeze_embeddings": False}  # the model trained as it comes
+
+
+def minilm_model(dropout="model", freeze_embeddings=False):
+    """The embedded MiniLM with a 3-class head, loaded as the train stage loads it (seed first)."""
+    set_seed(0)
+    return load_model(resolve_model("minilm"), ["0", "1", "2"], dropout=dropout,
+                      freeze_embeddings=freeze_embeddings)[1]
+
+
+def gpu_model(vocab_size, dropout="model", freeze_embeddings=False):
+    """A bert-base-sized classifier (12 layers, hidden 768), randomly initialised: no download."""
+    set_seed(0)
+    config = BertConfig(vocab_size=vocab_size, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                        intermediate_size=3072, max_position_embeddings=512, num_labels=3)
+    set_dropout(config, dropout)
+    model = BertForSequenceClassification(config)
+    model.get_input_embeddings().weight.requires_grad_(not freeze_embeddings)
+    return model

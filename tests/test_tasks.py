@@ -1,0 +1,143 @@
+"""The task shapes' pure functions (stages/tasks.py, labels.py, scores.py) and what split and tokenize
+do with them; the shapes end to end are in test_shapes.py."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from stages.common import PipelineError
+from stages.labels import multilabel_list, read_multilabels, read_numbers
+from stages.preprocess import clean_frame, order_by_sample
+from stages.scores import best_threshold, mean_column_auc
+from stages.split import holdout_folds, kfold_folds
+from stages.tasks import SHAPES, check_header, competition_metric, submission_frame
+from stages.tokenize import joined, tokenize_texts
+
+CLASSES = ["food", "music", "sports"]
+
+
+def test_multilabel_labels_read_from_a_joined_column_or_from_0_1_columns():
+    raw = pd.DataFrame({"tags": ["music|food", "", " sports | music |", "food||food"],
+                        "food": ["1", "0", "0", "1.0"], "music": ["1", "0", "1", "0"], "sports": ["0", "0", "1", " 0"]})
+    joined_rows = read_multilabels(raw, ["tags"], "|", "train.csv")
+    assert joined_rows.map(json.loads).tolist() == [["music", "food"], [], ["sports", "music"], ["food"]]
+    assert multilabel_list(joined_rows, ["tags"], "|", "train.csv") == CLASSES
+    columns = read_multilabels(raw, CLASSES, None, "train.csv")
+    assert columns.map(json.loads).tolist() == [["food", "music"], [], ["music", "sports"], ["food"]]
+    assert multilabel_list(columns, ["sports", "food", "music"], None, "train.csv") == ["sports", "food", "music"]
+    with pytest.raises(PipelineError, match=r"train.csv: column 'music' must hold 0 or 1 in every row .*rows 2, 3 hold 'yes', '2'"):
+        read_multilabels(raw.assign(music=["yes", "2", "0", "1"]), CLASSES, None, "train.csv")
+    # a test file: unlabelled without the column(s), or when the joined column is empty throughout
+    assert read_multilabels(raw[["food"]].assign(tags=""), ["tags"], "|", "test.csv", known=CLASSES).eq("").all()
+    with pytest.raises(PipelineError, match=r"test.csv: label\(s\) \['jazz'\] never occur in the training data"):
+        read_multilabels(pd.DataFrame({"tags": ["jazz|food"]}), ["tags"], "|", "test.csv", known=CLASSES)
+    with pytest.raises(PipelineError, match=r"has 'food' but not 'music', 'sports'"):
+        read_multilabels(raw[["food"]], CLASSES, None, "test.csv", known=CLASSES)
+
+
+def test_multilabel_rows_encode_as_0_1_floats_and_unlabelled_as_nan():
+    encoded = SHAPES["multilabel"].encode(['["music","food"]', "[]", ""], CLASSES)
+    assert encoded[:2].tolist() == [[1, 1, 0], [0, 0, 0]] and np.isnan(encoded[2]).all()
+    assert encoded.dtype == np.float32  # transformers' BCE loss takes float labels
+
+
+def test_regression_targets_must_be_numbers():
+    raw = pd.DataFrame({"score": ["1.5", " 2 ", "high", "", "n/a"]})
+    with pytest.raises(PipelineError) as raised:
+        read_numbers(raw.iloc[[0, 1, 2, 4]], ["score"], None, "train.csv")
+    assert str(raised.value) == ("train.csv: 2 row(s) of 'score' are not numbers (rows 4, 6: 'high', 'n/a'); "
+                                 "task.kind regression needs a number in every row")
+    with pytest.raises(PipelineError, match=r"train.csv: 1 row\(s\) have an empty 'score' \(row 5\)"):
+        read_numbers(raw.iloc[[0, 3]], ["score"], None, "train.csv")
+    assert read_numbers(raw.iloc[[0, 1, 3]], ["score"], None, "test.csv", known=[]).tolist() == ["1.5", "2", ""]
+
+
+def test_competition_metrics_belong_to_their_shape():
+    assert [competition_metric("auto", kind) for kind in SHAPES] == ["f1_macro", "f1_macro", "rmse"]
+    assert competition_metric("qwk", "classification") == "qwk"
+    with pytest.raises(PipelineError, match="task.metric pearson does not score task.kind classification; one of: auto"):
+        competition_metric("pearson", "classification")
+
+
+def test_each_shape_reports_its_scores():
+    classification = SHAPES["classification"].report(np.array([0, 1, 1]), np.array([[0.9, 0.1], [0.4, 0.6], [0.7, 0.3]]),
+                                                      ["a", "b"], "log_loss")
+    assert list(classification) == ["accuracy", "f1_macro", "log_loss", "per_class"]
+    assert classification["log_loss"] == pytest.approx(-np.mean(np.log([0.9, 0.6, 0.3])), abs=1e-4)
+    regression = SHAPES["regression"].report(np.array([1.0, 2.0, 3.0]), np.array([[1.0], [2.5], [2.5]]), [], "rmse")
+    assert regression == {"rmse": pytest.approx(np.sqrt(0.5 / 3), abs=1e-4), "mae": pytest.approx(1 / 3, abs=1e-4),
+                          "pearson": pytest.approx(0.866, abs=1e-3), "spearman": pytest.approx(0.866, abs=1e-3)}
+    constant = SHAPES["regression"].report(np.array([1.0, 2.0]), np.array([[1.5], [1.5]]), [], "rmse")
+    assert constant["pearson"] is None  # undefined: null in metrics.json, not NaN
+    assert mean_column_auc(np.array([[1, 0], [0, 1], [1, 1]]), np.array([[0.9, 0.2], [0.1, 0.8], [0.8, 0.7]])) == 1.0
+
+
+def test_the_threshold_is_the_best_on_the_grid_nearest_one_half():
+    truth = np.array([[1, 0], [0, 1], [1, 1], [0, 0]])
+    probabilities = np.array([[0.3, 0.1], [0.1, 0.35], [0.32, 0.4], [0.2, 0.05]])
+    threshold = best_threshold(truth, probabilities, "f1_micro")
+    assert 0.2 < threshold <= 0.3 and threshold == pytest.approx(0.3)  # 0.21 to 0.30 score alike: nearest 0.5
+    assert best_threshold(truth, probabilities, "roc_auc") == best_threshold(truth, probabilities, "f1_macro")
+
+
+def test_submissions_take_the_header_and_form():
+    outputs = np.array([[0.7, 0.6, 0.1], [0.1, 0.2, 0.3]])
+    shape = SHAPES["multilabel"]
+    joined_form = submission_frame(shape, ["a", "b"], outputs, CLASSES, ["id", "label"], 0.5, ";", False)
+    assert joined_form.to_dict("list") == {"id": ["a", "b"], "label": ["food;music", ""]}
+    columns = submission_frame(shape, ["a", "b"], outputs, CLASSES, ["Id", "sports", "food", "music"], 0.5, None, False)
+    assert columns.to_dict("list") == {"Id": ["a", "b"], "sports": [0, 0], "food": [1, 0], "music": [1, 0]}
+    probabilities = submission_frame(shape, ["a", "b"], outputs, CLASSES, ["id", *CLASSES], 0.5, None, True)
+    assert probabilities["music"].tolist() == [0.6, 0.2]  # ROC AUC or log loss score the probabilities
+    single = submission_frame(SHAPES["classification"], [1, 2], outputs, CLASSES, ["id", "target"], None, None, False)
+    assert single.to_dict("list") == {"id": [1, 2], "target": ["food", "sports"]}
+    assert check_header(["ID", "score"], SHAPES["regression"], [], "sample.csv") == ["ID", "score"]
+    with pytest.raises(PipelineError, match=r"sample.csv: columns 'id', 'a', 'b': expected the id column, then one "
+                                            r"prediction column, or one column per class \(food, music, sports\)"):
+        check_header(["id", "a", "b"], shape, CLASSES, "sample.csv")
+
+
+def test_a_sample_submission_orders_the_test_rows_and_spells_their_ids():
+    test = pd.DataFrame({"id": ["7", "8", "10"], "text": ["x", "y", "z"]})
+    ordered = order_by_sample(test, pd.Series(["010", "7", "8"], name="Id"), "id", "sample.csv", "test.csv")
+    assert ordered.to_dict("list") == {"id": ["010", "7", "8"], "text": ["z", "x", "y"]}  # one number, one id
+    with pytest.raises(PipelineError, match=r"sample.csv: id '9' \(row 4\) is not in test.csv's 'id'"):
+        order_by_sample(test, pd.Series(["7", "8", "9"], name="Id"), "id", "sample.csv", "test.csv")
+
+
+def test_multilabel_folds_are_stratified_iteratively_and_keep_duplicates_together():
+    rng = np.random.default_rng(0)
+    indicators = (rng.random((300, 4)) < [0.5, 0.2, 0.05, 0.3]).astype(int)
+    texts = [f"t{i % 250}" for i in range(300)]  # 50 texts twice
+    folds = kfold_folds(texts, indicators, 5, seed=1)
+    assert sorted(set(folds)) == [0, 1, 2, 3, 4]
+    assert (pd.Series(folds).groupby(pd.Series(texts)).nunique() == 1).all()
+    for c in range(4):  # each class spread over the folds in proportion, the rare one too
+        per_fold = np.bincount(folds, weights=indicators[:, c], minlength=5)
+        assert per_fold.max() - per_fold.min() <= 5 and per_fold.min() >= 1, (c, per_fold)
+    holdout = holdout_folds(pd.DataFrame({"text": texts}), 0.2, seed=1, strata=indicators)
+    assert set(holdout) == {-1, 0} and abs((holdout == 0).sum() - 60) <= 1
+
+
+def test_regression_folds_are_stratified_by_quantile_bins():
+    shape = SHAPES["regression"]
+    values = [str(v) for v in np.linspace(0, 5, 200)]
+    strata = shape.strata(values, [], 5)
+    assert len(set(strata)) == 10 and strata[0] == "0 to 0.5"  # ten bins of 20 values
+    folds = kfold_folds([f"t{i}" for i in range(200)], strata, 5, seed=0)
+    means = [np.mean(np.array(values, dtype=float)[folds == k]) for k in range(5)]
+    assert max(means) - min(means) < 0.2  # every fold spans the range alike
+
+
+def test_pairs_and_joined_columns_reach_the_tokenizer_as_such(tokenizer):
+    frame = clean_frame(pd.DataFrame({"title": ["Great", "", " "], "body": ["the car", "", "x"], "b": ["a", "b", ""]}),
+                        ["title", "body"], None, {}, "b")
+    assert frame["text"].tolist() == ["Great\x1fthe car", "", "\x1fx"]  # a row with no text at all is dropped
+    assert frame.index.tolist() == [0, 1, 2] and frame["text_pair"].tolist() == ["a", "b", ""]
+    assert joined(["Great\x1fthe car"], tokenizer) == ["Great [SEP] the car"]
+    ids, types, lengths = tokenize_texts(tokenizer, ["a man plays", "long " * 40], 12, pairs=["a guitar", "short"],
+                                         types=True)
+    reference = tokenizer(["a man plays", "long " * 40], ["a guitar", "short"], truncation=True, max_length=12)
+    assert ids == reference["input_ids"] and types == reference["token_type_ids"]
+    assert types[0] == [0, 0, 0, 0, 0, 1, 1, 1] and lengths[1] > 12
