@@ -77,3 +77,18 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
     BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def pipeline(tmp_path_factory, tiny_data_dir, tiny_model_dir):
+    """A git + DVC repo holding this project's pipeline at tests.test_pipeline.PIPELINE_PARAMS,
+    pointed at the tiny data and model, after one full `dvc repro`. Yields (path, stages the first
+    repro ran). Shared by the modules that only need a run (test_plots): tests that change its
+    params start with test_pipeline.settle, which puts them back."""
+    from tests.test_pipeline import PIPELINE_PARAMS, init_pipeline_repo, repro
+
+    repo = init_pipeline_repo(tmp_path_factory.mktemp("pipeline"), tiny_data_dir, tiny_model_dir, **PIPELINE_PARAMS)
+    ran, log = repro(repo, with_log=True)
+    (repo.parent / "first-repro.log").write_text(log)  # for test_the_log_reads_top_to_bottom
+    yield repo, ran
+
