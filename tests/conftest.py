@@ -92,3 +92,12 @@ def pipeline(tmp_path_factory, tiny_data_dir, tiny_model_dir):
     (repo.parent / "first-repro.log").write_text(log)  # for test_the_log_reads_top_to_bottom
     yield repo, ran
 
+
+@pytest.fixture(scope="session")
+def queued_experiments(tmp_path_factory, tiny_data_dir, tiny_model_dir):
+    """Two queued experiments run at the same time in a clean clone, one queue worker per (pretended)
+    GPU: tests.test_queue_devices.queue_one_gpu_each. Both test_experiments and test_queue_devices
+    read them; one pair of runs is all either needs. Yields (clone, start counts, worker runs)."""
+    from tests.test_queue_devices import queue_one_gpu_each
+
+    yield queue_one_gpu_each(tmp_path_factory.mktemp("queued"), tiny_data_dir, tiny_model_dir)
