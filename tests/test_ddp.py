@@ -67,13 +67,18 @@ def test_two_processes_train_once_and_write_outputs_once(runs):
 
 def test_two_processes_end_close_to_one(runs):
     """The two runs see the same 16 texts at every optimizer step (the same seeded order, split in two
-    halves whose gradients DDP averages), with no dropout: the same training up to the order of sums.
-    Their validation loss after each epoch shows it, also once both predict every text right: measured
-    within 4% of each other at every epoch; 2 to 5 times the single run's once each process took the
-    whole effective batch (16 each, 32 per step)."""
+    halves whose gradients DDP averages), with no dropout: the same training up to the order of sums."""
     single, double = metrics(runs[1][0]), metrics(runs[2][0])
     assert single["speed"]["processes"] == 1
     assert single["eval"]["accuracy"] >= 0.9, single  # it learned: chance is about 0.33
+    # the first training losses logged (steps 3 to 9), before rounding differences grow: measured equal
+    # to 5 digits, here and limited to AVX2; other texts in a step would show at once
+    one, two = curve(runs[1][0], "loss")[:3], curve(runs[2][0], "loss")[:3]
+    assert [step for step, _ in two] == [step for step, _ in one]
+    assert [loss for _, loss in two] == pytest.approx([loss for _, loss in one], rel=1e-3), (one, two)
+    # the validation loss after each epoch, also once both predict every text right: measured within 4%
+    # of each other at every epoch; 2 to 5 times the single run's once each process took the whole
+    # effective batch (16 each, 32 per step)
     one, two = curve(runs[1][0], "eval/loss"), curve(runs[2][0], "eval/loss")
     assert [step for step, _ in two] == [step for step, _ in one]
     assert [loss for _, loss in two] == pytest.approx([loss for _, loss in one], rel=0.25), (one, two)
