@@ -73,7 +73,7 @@ def collect(source, work, net, train_file="train.csv", test_file="test.csv", sha
             if test_file or sample_submission_file:
                 raise PipelineError(f"{label} is a single CSV, so there is no {test_file or sample_submission_file}: "
                                     f"set fetch.{'test_file' if test_file else 'sample_submission_file'}: null, "
-                                    "or use a folder or archive holding them all")
+                                    f"or use a folder or archive holding {'both' if len(wanted) == 2 else 'all three'}")
             files = {"train": path}
     if path.is_dir():
         files = pick_files(path, label, wanted, pins, digests)

@@ -48,6 +48,18 @@ def tiny_data_dir(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """Stages the tests start run with one torch thread. On a shared 2-core machine two threads per
+    process spin against other processes' threads and train about 20x slower (measured: 57 vs 1093
+    texts/s); and a thread count that follows the machine's cores would sum in another order on
+    each machine: with one, two CPUs differ in their instructions only. Runs a test compares
+    (resumed and uninterrupted, 1 and 2 processes) need the same setting for bit-for-bit results."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")
+        yield
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return AutoTokenizer.from_pretrained(resolve_model("minilm"))
@@ -65,3 +77,27 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
     BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def pipeline(tmp_path_factory, tiny_data_dir, tiny_model_dir):
+    """A git + DVC repo holding this project's pipeline at tests.test_pipeline.PIPELINE_PARAMS,
+    pointed at the tiny data and model, after one full `dvc repro`. Yields (path, stages the first
+    repro ran). Shared by the modules that only need a run (test_plots): tests that change its
+    params start with test_pipeline.settle, which puts them back."""
+    from tests.test_pipeline import PIPELINE_PARAMS, init_pipeline_repo, repro
+
+    repo = init_pipeline_repo(tmp_path_factory.mktemp("pipeline"), tiny_data_dir, tiny_model_dir, **PIPELINE_PARAMS)
+    ran, log = repro(repo, with_log=True)
+    (repo.parent / "first-repro.log").write_text(log)  # for test_the_log_reads_top_to_bottom
+    yield repo, ran
+
+
+@pytest.fixture(scope="session")
+def queued_experiments(tmp_path_factory, tiny_data_dir, tiny_model_dir):
+    """Two queued experiments run at the same time in a clean clone, one queue worker per (pretended)
+    GPU: tests.test_queue_devices.queue_one_gpu_each. Both test_experiments and test_queue_devices
+    read them; one pair of runs is all either needs. Yields (clone, start counts, worker runs)."""
+    from tests.test_queue_devices import queue_one_gpu_each
+
+    yield queue_one_gpu_each(tmp_path_factory.mktemp("queued"), tiny_data_dir, tiny_model_dir)

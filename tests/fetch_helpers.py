@@ -44,11 +44,12 @@ def make_tgz(entries, links=()):
 
 
 def write_params(folder, **fetch):
-    """params.yaml in folder with the defaults of the fetch and preprocess sections, overridden."""
-    params = {"fetch": {"source": "tweets", "train_file": "train.csv", "test_file": "test.csv",
-                        "sha256": None, "timeout": 2, "retries": 0},
-              "preprocess": {"text_column": "text", "label_column": "sentiment"}}
-    params["fetch"].update(fetch)
+    """params.yaml in folder with the project's fetch section (short timeouts, no retries) and the
+    preprocess columns, overridden: read from the project's params.yaml, so a new fetch key reaches
+    these tests as it reaches a user."""
+    project = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = {"fetch": {**project["fetch"], "timeout": 2, "retries": 0, **fetch},
+              "preprocess": {key: project["preprocess"][key] for key in ("text_column", "label_column")}}
     (Path(folder) / "params.yaml").write_text(yaml.safe_dump(params))
 
 

@@ -293,9 +293,10 @@ def test_stage_builtin(tmp_path):
     (lambda d: None, {"source": "missing.csv"},
      "error: fetch.source 'missing.csv' is not a local file or folder, an http(s) URL, "
      "a Google Drive link or id, or 'tweets'"),
-    (lambda d: (d / "evil.zip").write_bytes(make_zip({"train.csv": TRAIN, "../evil.csv": b"x"})),
+    # the stage extracts into <temp folder>/fetch-*/extracted: this entry would land in the temp folder itself
+    (lambda d: (d / "evil.zip").write_bytes(make_zip({"train.csv": TRAIN, "../../evil.csv": b"x"})),
      {"source": "evil.zip"},
-     "error: evil.zip: refusing the archive: entry '../evil.csv' would land outside the "
+     "error: evil.zip: refusing the archive: entry '../../evil.csv' would land outside the "
      "extraction folder (absolute path or '..'); repack it without that entry"),
     (lambda d: (d / "one.csv").write_bytes(TRAIN), {"source": "one.csv"},
      "error: one.csv is a single CSV, so there is no test.csv: set fetch.test_file: null, "
@@ -308,7 +309,9 @@ def test_stage_failures_keep_old_data(tmp_path, setup, fetch_params, message):
     setup(tmp_path)
     write_params(tmp_path, **fetch_params)
     before = old_raw(tmp_path)
-    proc = run_stage(tmp_path)
+    temp = tmp_path / "tmp"  # the stage's temp folder, where its work folder and anything escaping it go
+    temp.mkdir()
+    proc = run_stage(tmp_path, env={"TMPDIR": str(temp)})
     assert error_line(proc) == message
     assert snapshot(tmp_path) == before
-    assert not (tmp_path.parent / "evil.csv").exists()
+    assert list(temp.iterdir()) == [], "a file escaped the work folder, or the work folder was left behind"

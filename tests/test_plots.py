@@ -13,7 +13,7 @@ import pytest
 
 from tests.servers import require_module
 from tests.test_experiments import declared_plots
-from tests.test_pipeline import REPO, dvc, init_pipeline_repo, repro
+from tests.test_pipeline import REPO, dvc, settle
 
 ARTIFACTS = REPO / "test-artifacts"
 VEGA_LITE = "5.21"  # DVC's templates are Vega-Lite v5 specs; the newest v5 vl-convert ships
@@ -47,13 +47,13 @@ def chromium_path(playwright):
 
 
 @pytest.fixture(scope="module")
-def plotted(tmp_path_factory, tiny_data_dir, tiny_model_dir):
-    """A repo after one `dvc repro`, and the offline template. Yields (repo, template path)."""
+def plotted(tmp_path_factory, pipeline):
+    """The session's pipeline repo (conftest.py) at its settings, after `dvc repro`: a run of its own
+    would only repeat that one. Yields (repo, the offline template's path)."""
     vl_convert = require_module("vl_convert", "vl-convert-python")
-    base = tmp_path_factory.mktemp("plots")
-    repo = init_pipeline_repo(base / "repo", tiny_data_dir, tiny_model_dir)
-    repro(repo)
-    template = base / "offline.html"
+    repo, _ = pipeline
+    settle(repo)
+    template = tmp_path_factory.mktemp("plots") / "offline.html"
     template.write_text(offline_template(vl_convert.javascript_bundle(vl_version=VEGA_LITE)))
     yield repo, template
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_experiments import clone, experiments_by_name, queue_logs, wait_for_queue
+from tests.test_experiments import (LEARNING_RATES, clone, experiments_by_name, learned, queue_logs,
+                                    wait_for_queue)
 from tests.test_pipeline import dvc, init_pipeline_repo, stage_env
 
 GPUS = ("0", "1")  # worker k gets GPUS[k - 1]
-LEARNING_RATES = {"lr-small": 1e-3, "lr-large": 5e-3}
 WORKER_UP_TIMEOUT = 120  # seconds for a spawned worker to answer DVC (a few seconds here)
 QUEUE_TIMEOUT = 600
 TRAIN_METRICS = "reports/train/fold-0/metrics.json"
@@ -96,13 +96,12 @@ def finished_runs(repo, timeout=30):
         time.sleep(0.5)
 
 
-@pytest.fixture(scope="module")
-def one_gpu_each(tmp_path_factory, tiny_data_dir, tiny_model_dir):
-    """A clean clone in which two queued experiments ran in two workers started one after the other,
-    worker k with CUDA_VISIBLE_DEVICES=GPUS[k - 1]. Yields (clone, the `dvc queue start` counts,
-    each worker's worker_runs)."""
-    base = tmp_path_factory.mktemp("queue_devices")
-    origin = init_pipeline_repo(base / "origin", tiny_data_dir, tiny_model_dir)
+def queue_one_gpu_each(base, data_dir, model_dir):
+    """A clean clone in which the two queued experiments of LEARNING_RATES ran in two workers started
+    one after the other, worker k with CUDA_VISIBLE_DEVICES=GPUS[k - 1]. Returns (clone, the `dvc queue
+    start` counts, each worker's worker_runs). conftest.py's queued_experiments runs it once a session:
+    these experiments are also the ones tests/test_experiments.py compares."""
+    origin = init_pipeline_repo(base / "origin", data_dir, model_dir)
     repo = clone(origin, base / "clone")
     for name, lr in LEARNING_RATES.items():  # queued first: a worker that finds the queue empty exits
         dvc("exp", "run", "--queue", "-n", name, "-S", f"train.lr={lr}", cwd=repo)
@@ -118,7 +117,12 @@ def one_gpu_each(tmp_path_factory, tiny_data_dir, tiny_model_dir):
         runs = finished_runs(repo)
     finally:  # never leave a worker running, also after a failure
         dvc("queue", "stop", "--kill", cwd=repo, check=False)
-    yield Path(repo), started, runs
+    return Path(repo), started, runs
+
+
+@pytest.fixture(scope="module")
+def one_gpu_each(queued_experiments):
+    return queued_experiments
 
 
 def test_each_start_spawns_one_worker_and_each_worker_runs_one_experiment(one_gpu_each):
@@ -149,8 +153,7 @@ def test_each_experiment_saw_its_workers_gpu(one_gpu_each):
         assert exp["error"] is None, (name, exp["error"])
         assert exp["params"]["params.yaml"]["data"]["train"]["lr"] == lr
         train = exp["metrics"][TRAIN_METRICS]["data"]
-        assert 0 <= train["eval"]["f1_macro"] <= 1, (name, train)
-        assert 0 <= exp["metrics"]["reports/evaluate/metrics.json"]["data"]["val"]["accuracy"] <= 1, name
+        learned(name, exp)  # the experiment trained, on whatever device it saw
         seen[name] = train["cuda_visible_devices"]
         # CPU in CI, where what matters is the variable; on a GPU machine, CUDA where that GPU exists
         assert train["device"] == ("cuda" if int(seen[name] or 0) < gpus_here() else "cpu"), (name, train)

@@ -89,8 +89,8 @@ def test_the_interrupted_fold_resumes_and_ends_as_an_uninterrupted_run(reset):
     resumed = re.search(rf"resuming from {re.escape(str(drive))}/checkpoints/fold-1/checkpoint-(\d+): step (\d+) of (\d+)",
                         output)
     assert resumed and int(resumed[2]) > STEPS_PER_EPOCH, output
-    for name in ("oof.csv", "test.csv"):
-        got, expected = (pd.read_csv(r / "predictions/fold-1" / name) for r in (repo, reference))
+    for name in ("predictions/fold-1/oof.csv", "predictions/test/fold-1.csv"):
+        got, expected = (pd.read_csv(r / name) for r in (repo, reference))
         assert got["row"].equals(expected["row"])
         assert (got.drop(columns="row") - expected.drop(columns="row")).abs().max().max() < 1e-5, name
     assert not (drive / "checkpoints/fold-1").exists(), "a finished fold keeps no checkpoint"

@@ -22,7 +22,7 @@ from tests.test_pipeline import dvc, init_pipeline_repo, stage_env
 
 # 8 epochs of 9 optimizer steps (270 texts, 16 per micro-batch, 2 accumulated): long enough to
 # stop it in the middle, and a checkpoint every 5 steps, so most land inside an epoch.
-RESUME_PARAMS = dict(train__epochs=8, machine__checkpoint_steps=5)
+RESUME_PARAMS = dict(train__epochs=8, train__batch_size=16, train__effective_batch_size=32, machine__checkpoint_steps=5)
 STEPS_PER_EPOCH = 9
 TOTAL_STEPS = 8 * STEPS_PER_EPOCH
 WAIT_S = 120  # for a checkpoint to appear, or for a stopped `dvc repro` to end
@@ -108,16 +108,6 @@ def curve(repo, name):
     """(step, value) rows of a dvclive curve in reports/train/fold-0 (columns: step, value)."""
     lines = (repo / f"reports/train/fold-0/plots/metrics/{name}.tsv").read_text().splitlines()[1:]
     return [(int(step), float(value)) for step, value in (line.split("\t") for line in lines)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Stages run with one torch thread: on a shared 2-core machine two threads per process spin
-    against other processes' threads and train about 20x slower (measured: 57 vs 1093 texts/s).
-    Both runs a test compares use the same setting, as bit-for-bit CPU results need."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("OMP_NUM_THREADS", "1")
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
+from stages import speed
 from stages.common import PipelineError, load_params, pack_sequences, unpack_sequences
-from stages.speed import (BF16_MIN_SPEEDUP, CountingTrainer, Throughput, choose_batch_size, cpu_bf16_speedup,
-                          cpu_has_bf16, cuda_fits, find_batch_size, gpu_autocast_dtype, memory_budget, precision_note)
+from stages.speed import (BF16_MIN_SPEEDUP, CountingTrainer, Throughput, choose_batch_size, cuda_fits,
+                          find_batch_size, gpu_autocast_dtype, memory_budget, precision_note)
 from stages.tokenize import auto_max_length, model_limit
 from stages.train import MACHINE_PARAMS, TRAIN_PARAMS, TokenizedDataset, make_collator, training_arguments
 
@@ -85,12 +86,25 @@ def test_length_grouping_yields_every_example_once_per_epoch(tmp_path, tokenizer
     assert padding_fraction(first, lengths) < padding_fraction(random_order, lengths) / 2
 
 
-def test_cpu_trains_in_bf16_only_where_bf16_is_faster_and_in_the_main_process(tmp_path):
+@pytest.mark.parametrize("has_bf16, speedup, bf16", [
+    (True, 3.0, True),    # an EPYC with AVX512-BF16 measured 3.7x: bf16
+    (True, 0.5, False),   # a virtual Xeon that reports AVX512-BF16 measured 0.47x: fp32
+    (False, 3.0, False),  # no bf16 instructions (an AVX2-only CPU): fp32 whatever a timing says
+])
+def test_cpu_trains_in_bf16_only_where_bf16_is_faster_and_in_the_main_process(tmp_path, monkeypatch, has_bf16,
+                                                                               speedup, bf16):
+    # the machine's own measurement would test one row of this table only, and the same one on every run
+    monkeypatch.setattr(speed, "cpu_has_bf16", lambda: has_bf16)
+    monkeypatch.setattr(speed, "cpu_bf16_speedup", lambda: speedup)
     args = training_arguments(train_params(mixed_precision=True), {**MACHINE, "loader_workers": 2}, str(tmp_path),
                               "cpu", 8, 4)
-    faster = cpu_has_bf16() and cpu_bf16_speedup() >= BF16_MIN_SPEEDUP
-    assert args.bf16 == faster and not args.fp16
-    assert (precision_note(True, "cpu") != "") == (cpu_has_bf16() and not faster)
+    assert args.bf16 == bf16 and not args.fp16
+    note = precision_note(True, "cpu")
+    if has_bf16 and not bf16:  # the log says why this CPU's bf16 instructions go unused
+        assert note == (f" (this CPU has bf16 instructions, but multiplies bf16 matrices {speedup:.2f}x as fast "
+                        f"as fp32, below the {BF16_MIN_SPEEDUP}x it takes to use them)"), note
+    else:
+        assert note == "", note
     off = training_arguments(train_params(mixed_precision=False), MACHINE, str(tmp_path), "cpu", 8, 4)
     assert not off.bf16 and not off.fp16
     assert args.dataloader_num_workers == 0 and not args.dataloader_pin_memory

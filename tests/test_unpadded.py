@@ -1,8 +1,9 @@
 """Padding-free batches (stages/unpadded.py) compute what padded batches compute: the same logits,
 loss and gradients, on a tiny random BERT and on the embedded MiniLM, with texts of 1 token to
-the longest. The GPU kernel (varlen_attn) cannot run here; its calling convention is checked
-with a stand-in."""
+the longest. The GPU kernel (PyTorch's varlen_attn) runs only on a GPU: there the real kernel is
+compared with the padded model; on a CPU its call is checked against its real signature."""
 import copy
+import inspect
 
 import pytest
 import torch
@@ -72,26 +73,76 @@ def test_attention_stays_inside_each_text():
     assert not unpadded.uses_varlen(q[0].transpose(0, 1), 0.0, 16 ** -0.5)  # CPU, fp32: the exact path
 
 
-def test_varlen_path_calls_varlen_attn_as_documented(monkeypatch):
-    """varlen_attn's contract: (T, heads, head_dim) tensors, int32 cumulative lengths for queries and
-    keys, the longest length for each; a stand-in computes that contract with SDPA."""
+@pytest.mark.skipif(unpadded.varlen_attn is None, reason="this torch has no varlen_attn (torch < 2.10)")
+def test_varlen_path_calls_varlen_attn_as_its_signature_says(monkeypatch):
+    """The GPU path's call, on a CPU: the arguments packed_attention passes must bind to the real
+    varlen_attn's parameters as their names say ((T, heads, head_dim) tensors, int32 cumulative
+    lengths for queries and keys, the longest text), and its output must become the attention's.
+    A stand-in with the real signature computes varlen_attn's result with SDPA per text."""
+    real = inspect.signature(unpadded.varlen_attn)
     calls = []
 
-    def stand_in(q, k, v, cu_q, cu_k, max_q, max_k):
-        calls.append((q.shape, cu_q.dtype, max_q))
-        assert cu_q is cu_k and max_q == max_k
-        heads_first = (x.transpose(0, 1) for x in (q, k, v))
-        return per_text_sdpa(*heads_first, cu_q.diff().tolist()).transpose(0, 1)
+    def stand_in(*args, **kwargs):
+        bound = real.bind(*args, **kwargs).arguments  # TypeError if the call does not fit the real one
+        calls.append(bound)
+        heads_first = (bound[name].transpose(0, 1) for name in ("query", "key", "value"))
+        return per_text_sdpa(*heads_first, bound["cu_seq_q"].diff().tolist()).transpose(0, 1)
 
     monkeypatch.setattr(unpadded, "varlen_attn", stand_in)
-    monkeypatch.setattr(unpadded, "uses_varlen", lambda q, dropout, scale: True)
+    monkeypatch.setattr(unpadded, "uses_varlen", lambda q, dropout, scale: True)  # the GPU's choice, on a CPU
     torch.manual_seed(1)
     lengths = [5, 1, 9]
     q, k, v = torch.randn(3, 1, 2, 15, 8).unbind(0)
     cu_seqlens = unpadded.collate([{"input_ids": [0] * n} for n in lengths])["cu_seq_lens_q"]
     out, _ = unpadded.packed_attention(None, q, k, v, None, cu_seq_lens_q=cu_seqlens, max_length_q=9)
-    assert calls == [(torch.Size([15, 2, 8]), torch.int32, 9)]
+    (call,) = calls
+    assert [call[name].shape for name in ("query", "key", "value")] == [torch.Size([15, 2, 8])] * 3
+    assert torch.equal(call["key"], k[0].transpose(0, 1)) and torch.equal(call["value"], v[0].transpose(0, 1))
+    assert call["cu_seq_q"].dtype == torch.int32 and call["cu_seq_q"].tolist() == [0, 5, 6, 15]
+    assert torch.equal(call["cu_seq_k"], call["cu_seq_q"]) and call["max_q"] == call["max_k"] == 9
     assert (out - per_text_sdpa(q[0], k[0], v[0], lengths).transpose(0, 1)[None]).abs().max() < 1e-6
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or unpadded.varlen_attn is None,
+                    reason="varlen_attn (FlashAttention) runs on a CUDA GPU only")
+@pytest.mark.parametrize("real_model", [False, True], ids=["tiny", "minilm"])
+def test_varlen_attn_on_the_gpu_encodes_as_the_padded_model(real_model, tiny_model_dir, tokenizer, monkeypatch):
+    """The real kernel, as training on a GPU calls it (bf16 autocast, no attention dropout), against
+    the padded model: each text's pooled encoding, which the classifier head reads. The logits of a
+    random head are too small (~0.05) for bf16's rounding to be told from an error there."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # the fp32 reference in full fp32
+    if real_model:
+        torch.manual_seed(0)
+        model = AutoModelForSequenceClassification.from_pretrained(resolve_model("minilm"), num_labels=3)
+    else:
+        model = tiny_classifier(tiny_model_dir)
+    model = model.cuda().eval()
+    kernel, calls, pooled = unpadded.varlen_attn, [], []
+
+    def counted(*args, **kwargs):  # the real kernel, counted: the per-text SDPA path would pass as well
+        calls.append(1)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(unpadded, "varlen_attn", counted)
+    batch = examples(tokenizer)
+    padded_batch = {k: v.cuda() for k, v in DataCollatorWithPadding(tokenizer)(batch).items()}
+    packed_batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in unpadded.collate(batch).items()}
+    model.bert.pooler.register_forward_hook(lambda module, args, out: pooled.append(out.float()))
+    with torch.no_grad():
+        model(**padded_batch)  # fp32: what both bf16 paths approximate
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            model(**padded_batch)
+            packed_logits = unpadded.UnpaddedClassifier(model)(**packed_batch).logits
+    assert len(calls) == model.config.num_hidden_layers, "varlen_attn was not used in every layer"
+    assert packed_logits.shape == (len(batch), 3)
+    reference, padded, packed = pooled[0], pooled[1], pooled[-1]  # the wrapper pools each text's [CLS] last
+    assert packed.shape == reference.shape == (len(batch), model.config.hidden_size)
+    # bf16 rounds at the 3rd significant digit, in another order in each path: the packed encodings must
+    # be as close to fp32 as the padded ones (measured on a CPU with the per-text path standing in for the
+    # kernel: 0.3-0.5% both; attention leaking across texts: 1.4% tiny, 60% MiniLM)
+    padded_error, packed_error = (float(torch.linalg.norm(x - reference) / torch.linalg.norm(reference))
+                                  for x in (padded, packed))
+    assert packed_error <= 2 * padded_error + 1e-3, (packed_error, padded_error)
 
 
 @pytest.mark.parametrize("real_model", [False, True], ids=["tiny", "minilm"])
@@ -173,8 +224,15 @@ def test_trainer_trains_and_evaluates_the_wrapper(tiny_model_dir, tokenizer, tmp
 def test_timing_runs_both_modes_and_leaves_the_weights(tiny_model_dir, tokenizer):
     model = tiny_classifier(tiny_model_dir)
     before = [p.detach().clone() for p in model.parameters()]
+    batches = {"padded": 0, "unpadded": 0}
+
+    def count(module, args, kwargs):  # both modes run the encoder; a packed row carries cu_seq_lens_q
+        batches["unpadded" if "cu_seq_lens_q" in kwargs else "padded"] += 1
+
+    model.bert.register_forward_pre_hook(count, with_kwargs=True)
     rates = time_training_steps(model, examples(tokenizer), batch_size=3, steps=2,
                                 padded_collator=DataCollatorWithPadding(tokenizer), warmup=1)
-    assert rates["padded"] > 0 and rates["unpadded"] > 0
+    assert set(rates) == {"padded", "unpadded", "attention"}
+    assert batches == {"padded": 3, "unpadded": 3}, batches  # 1 warmup + 2 timed steps in each mode
     assert rates["attention"] == "per-text SDPA"  # CPU, fp32, attention dropout 0.1
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
