@@ -13,6 +13,7 @@ import time
 
 import pandas as pd
 import pytest
+import yaml
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from stages import checkpoint
@@ -105,7 +106,9 @@ def test_settings_of_the_machine_rerun_nothing(reset):
 
 def test_a_checkpoint_folder_that_cannot_be_written_stops_the_stage_before_training(reset, tmp_path):
     _, repo, _, _ = reset
-    set_params(repo, machine__checkpoint_dir="params.yaml/checkpoints", train__lr=2e-3)  # a file, not a folder
+    # a file, not a folder; and another learning rate than the run's, so that train@0 must run
+    lr = yaml.safe_load((repo / "params.yaml").read_text())["train"]["lr"]
+    set_params(repo, machine__checkpoint_dir="params.yaml/checkpoints", train__lr=lr * 1.5)
     result = dvc("repro", "train@0", cwd=repo, check=False)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode != 0 and errors == [
