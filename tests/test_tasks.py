@@ -73,6 +73,27 @@ def test_each_shape_reports_its_scores():
     assert mean_column_auc(np.array([[1, 0], [0, 1], [1, 1]]), np.array([[0.9, 0.2], [0.1, 0.8], [0.8, 0.7]])) == 1.0
 
 
+@pytest.mark.parametrize("metric", ["accuracy", "f1_macro", "f1_weighted", "log_loss", "roc_auc", "qwk"])
+def test_each_classification_metric_is_scikit_learns_on_the_class_of_highest_probability(metric):
+    from sklearn.metrics import accuracy_score, cohen_kappa_score, f1_score, log_loss, roc_auc_score
+
+    rng = np.random.default_rng(0)
+    truth = np.arange(60) % 4  # every class present, four ordered classes (qwk's case)
+    probabilities = rng.dirichlet(np.ones(4), size=60)
+    probabilities[np.arange(60), truth] += rng.uniform(0, 0.6, size=60)  # better than chance, far from perfect
+    probabilities /= probabilities.sum(axis=1, keepdims=True)
+    predicted = probabilities.argmax(axis=1)
+    expected = {"accuracy": lambda: accuracy_score(truth, predicted),
+                "f1_macro": lambda: f1_score(truth, predicted, average="macro"),
+                "f1_weighted": lambda: f1_score(truth, predicted, average="weighted"),
+                "log_loss": lambda: log_loss(truth, probabilities),
+                "roc_auc": lambda: roc_auc_score(truth, probabilities, multi_class="ovr", average="macro"),
+                "qwk": lambda: cohen_kappa_score(truth, predicted, weights="quadratic")}[metric]()
+    reported = SHAPES["classification"].report(truth, probabilities, list("abcd"), metric)
+    assert 0.05 < accuracy_score(truth, predicted) < 0.95  # a case where the class picked matters
+    assert reported[metric] == pytest.approx(expected, abs=1e-4), (metric, reported[metric], expected)
+
+
 def test_the_threshold_is_the_best_on_the_grid_nearest_one_half():
     truth = np.array([[1, 0], [0, 1], [1, 1], [0, 0]])
     probabilities = np.array([[0.3, 0.1], [0.1, 0.35], [0.32, 0.4], [0.2, 0.05]])
