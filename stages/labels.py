@@ -28,6 +28,17 @@ def require_labels(labels, label_column, path):
                             f"({row_numbers(empty)}); fill or remove them")
 
 
+def label_cells(raw, column, path, known):
+    """The label column's cells, stripped; None in a file without it (an unlabelled test file). Train's
+    rows (known None) must each have one."""
+    if column not in raw:
+        return None
+    cells = raw[column].str.strip()
+    if known is None:
+        require_labels(cells, column, path)
+    return cells
+
+
 def unify_numeric_labels(labels, known=()):
     """Map spellings of one number ("1", "1.0", "+1") to one: a spelling in `known` (train's
     labels, for test), else the most common one. Returns (labels, {old spelling: new})."""
@@ -70,11 +81,9 @@ def read_class_labels(raw, columns, separator, path, known=None):
     """The class of each row of `raw` (train: known None, every row labelled; test: `known` are train's
     classes, and a file without the column is unlabelled)."""
     column = columns[0]
-    if column not in raw:
+    labels = label_cells(raw, column, path, known)
+    if labels is None:
         return pd.Series("", index=raw.index)
-    labels = raw[column].str.strip()
-    if known is None:
-        require_labels(labels, column, path)
     unified, merged = unify_numeric_labels(labels, known=known or ())
     report_merged(merged, labels, path)
     if known is not None:
@@ -152,11 +161,9 @@ def multilabel_list(labels, columns, separator, path):
 def read_numbers(raw, columns, separator, path, known=None):
     """The target of each row, as written; every train row must have one, a test row may be empty."""
     column = columns[0]
-    if column not in raw:
+    values = label_cells(raw, column, path, known)
+    if values is None:
         return pd.Series("", index=raw.index)
-    values = raw[column].str.strip()
-    if known is None:
-        require_labels(values, column, path)
     bad = values.index[(values != "") & ~values.map(lambda v: bool(NUMBER_RE.fullmatch(v)))]
     if len(bad):
         shown = ", ".join(repr(v) for v in values[bad][:SHOWN])
