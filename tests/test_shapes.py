@@ -162,12 +162,19 @@ def test_pair_submission_is_the_argmax_of_the_mean_and_is_scored(pairs):
         accuracy_score(test["label"], submission["label"]), abs=1e-4)
 
 
+def repo_files(repo):
+    """{path: bytes} of the repo's files but git's and Python's bytecode caches (which importing the
+    predict command may write where PYTHONDONTWRITEBYTECODE is unset, as in CI)."""
+    return {p: p.read_bytes() for p in sorted(repo.glob("**/*"))
+            if p.is_file() and not {".git", "__pycache__"} & set(p.parts)}
+
+
 def test_predict_on_a_new_file_gives_the_submissions_rows(pairs):
     test = pd.read_csv(pairs["source"] / "test.csv", dtype=str)
     new = test.drop(columns="label").iloc[::-2]  # other rows, in another order, without labels
-    written = {p: p.read_bytes() for p in sorted(pairs["repo"].glob("**/*")) if p.is_file() and ".git" not in p.parts}
+    written = repo_files(pairs["repo"])
     predicted, result = predict(pairs["repo"], new, "--probabilities", str(pairs["repo"].parent / "p.csv"))
-    after = {p: p.read_bytes() for p in sorted(pairs["repo"].glob("**/*")) if p.is_file() and ".git" not in p.parts}
+    after = repo_files(pairs["repo"])
     assert after == written, "the predict command changed the repo (dvc.lock, an output)"
     submission = frame(pairs["k1"], "submission/submission.csv").set_index("id")  # the repo ends with one fold
     assert list(predicted.columns) == ["id", "label"] and predicted["id"].tolist() == new["id"].tolist()
