@@ -299,7 +299,7 @@ def log_text(repo, number):
 
 
 def test_two_workers_in_two_clones_share_one_postgres_study(tmp_path, tiny_data_dir, tiny_model_dir):
-    origin = tune_repo(tmp_path / "origin", tiny_data_dir, tiny_model_dir, trials=4)
+    origin = tune_repo(tmp_path / "origin", tiny_data_dir, tiny_model_dir, trials=3)
     dvc("remote", "add", "-d", "shared", str(tmp_path / "dvc-remote"), cwd=origin)
     commit_all(origin, "a shared DVC remote")
     workers = [clone(origin, tmp_path / f"worker{k}") for k in (1, 2)]
@@ -312,7 +312,7 @@ def test_two_workers_in_two_clones_share_one_postgres_study(tmp_path, tiny_data_
         third = clone(origin, tmp_path / "third")
         best_out = tune(third, "--apply", "--pull", "origin", module="tune.best", env=env).stdout
     done = finished(trials)
-    assert len(done) >= 4, [t.state for t in trials]
+    assert len(done) >= 3, [t.state for t in trials]
     numbers = [int(n) for out in outputs for n in re.findall(r"^trial (\d+) \(", out, re.M)]
     assert sorted(numbers) == sorted(set(numbers)) and len(numbers) == len(trials), outputs
     params = [tuple(sorted(t.params.items())) for t in done]
