@@ -1,11 +1,15 @@
 """Every key of params.yaml, given a value it does not allow, stops the stage that reads it before
 that stage reads any data: exit code 1, one `error:` line naming the key, no traceback, nothing
-written. Each case runs the real `python -m stages.<stage>` in an empty folder holding only the
-repository's params.yaml with that one value changed."""
+written. Each case runs the stage's module as `python -m stages.<stage>` runs it (as __main__) in an
+empty folder holding only the repository's params.yaml with that one value changed, in a process
+forked from this one once it has imported the stages: importing torch and transformers, about 2 s a
+process, was nearly all of a case's time (110 s for the table)."""
+import importlib
+import multiprocessing
 import os
+import runpy
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -70,19 +74,48 @@ def run_stage_with(tmp_path, key, value):
                           capture_output=True, text=True, timeout=120)
 
 
+def run_module_in(folder, module):
+    """The child: `python -m module` in folder, its output to files there (read, then removed, by the parent)."""
+    os.chdir(folder)
+    for fd, name in ((1, ".stdout"), (2, ".stderr")):
+        os.dup2(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)  # not pytest's capture
+    sys.argv = [module]
+    for name in (module, f"{module}.__main__"):  # imported by the parent: run afresh, as python -m does
+        sys.modules.pop(name, None)
+    runpy.run_module(module, run_name="__main__", alter_sys=True)  # a SystemExit's code is the exit code
+
+
+def run_stage_forked(tmp_path, key, value):
+    """run_stage_with's CompletedProcess, from a fork of this process."""
+    section, name = key.split(".")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params[section][name] = value
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    child = multiprocessing.get_context("fork").Process(target=run_module_in, args=(str(tmp_path), MODULE_OF[section]))
+    child.start()
+    child.join(timeout=120)
+    output = {}
+    for stream in ("stdout", "stderr"):
+        path = tmp_path / f".{stream}"
+        output[stream] = path.read_text()
+        path.unlink()
+    return subprocess.CompletedProcess([MODULE_OF[section]], child.exitcode, output["stdout"], output["stderr"])
+
+
 CASES = [(key, value) for key, values in BAD_VALUES.items() for value in values]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """{(key, repr(value)): (its folder, the finished stage)} for every case, run as many at a time
-    as there are cores: most of each run is the stage importing torch and transformers."""
-    def run(case):
+    """{(key, repr(value)): (its folder, the finished stage)} for every case."""
+    for module in set(MODULE_OF.values()):  # imported once, here; each case's process is a fork of this one
+        importlib.import_module(f"{module}.__main__" if module == "tune" else module)
+    runs = {}
+    for key, value in CASES:  # one at a time
         folder = tmp_path_factory.mktemp("params")
-        return (case[0], repr(case[1])), (folder, run_stage_with(folder, *case))
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        return dict(pool.map(run, CASES))
+        runs[key, repr(value)] = folder, run_stage_forked(folder, key, value)
+    return runs
 
 
 @pytest.mark.parametrize("key, value", CASES)
