@@ -1,8 +1,8 @@
-"""python -m stages.predict: label any CSV with the trained fold ensemble, as the pipeline labels its
+"""python -m predict: label any CSV with the trained fold ensemble, as the pipeline labels its
 test file.
 
-    python -m stages.predict new.csv --out predictions.csv
-    python -m stages.predict new.csv --out predictions.csv --probabilities probabilities.csv
+    python -m predict new.csv --out predictions.csv
+    python -m predict new.csv --out predictions.csv --probabilities probabilities.csv
 
 A tool beside the stages, not one of them: it writes only --out (and --probabilities), never the
 pipeline's outputs or dvc.lock. Everything it applies comes from the trained run, not from params.yaml:
@@ -23,13 +23,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from stages.common import PipelineError, run_main
-from stages.csvfiles import read_csv
-from stages.folds import DECIMALS
-from stages.inference import fold_folders, fold_outputs, load_fold
-from stages.preprocess import clean_test_frame
-from stages.tasks import SHAPES, submission_frame
-from stages.tokenize import model_inputs, tokenize_texts, uses_types
+from pipeline.command import run_main
+from pipeline.settings import PipelineError
+from predicting.folds import DECIMALS
+from predicting.inference import fold_folders, fold_outputs, load_fold
+from reading.cleaning import clean_test_frame
+from reading.csvfiles import read_csv
+from reading.tokens import model_inputs, tokenize_texts, uses_types
+from tasks.shapes import SHAPES, submission_frame
 
 PROCESSED = Path("data/processed")
 METRICS = Path("reports/evaluate/metrics.json")
@@ -38,7 +39,7 @@ PIPELINE_FOLDERS = ("data", "models", "predictions", "reports", "submission", "c
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m stages.predict", description="label a CSV with the trained folds")
+    parser = argparse.ArgumentParser(prog="python -m predict", description="label a CSV with the trained folds")
     parser.add_argument("file", type=Path, help="a CSV with the columns the model was trained on (as test.csv)")
     parser.add_argument("--out", type=Path, required=True, help="where to write the predictions, in the submission's form")
     parser.add_argument("--probabilities", type=Path, help="also write the class probabilities here (not for regression)")

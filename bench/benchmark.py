@@ -39,14 +39,25 @@ from bench.flops import matmul_peak, non_embedding_parameters, report_flops
 from bench.noop_repro import report_dvc, require_reproduced
 from bench.tokenization import report_tokenization, report_tokenize_memory
 from bench.tokenize_memory import tokenize_memory
-from bench.training import (bench_compile, bench_precision, bench_recipe, bench_training, report_compile,  # noqa: F401
-                            report_precision, report_recipe, report_training, report_unpadded, time_training_steps)
-from stages.common import load_params
-from stages.models import resolve_model
+from bench.training import (  # noqa: F401
+    bench_compile,
+    bench_precision,
+    bench_recipe,
+    bench_training,
+    report_compile,
+    report_precision,
+    report_recipe,
+    report_training,
+    report_unpadded,
+    time_training_steps,
+)
+from pipeline.settings import load_params
+from reading.tokens import auto_max_length, model_limit, tokenize_texts
 from stages.preprocess import PREPROCESS_PARAMS
-from stages.speed import autocast_dtype, cpu_has_bf16
-from stages.tokenize import TOKENIZE_PARAMS, auto_max_length, model_limit, tokenize_texts
+from stages.tokenize import TOKENIZE_PARAMS
 from stages.train import TRAIN_PARAMS
+from training.models import resolve_model
+from training.precision import autocast_dtype, cpu_has_bf16
 
 
 def parse_args():

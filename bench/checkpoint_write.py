@@ -12,11 +12,17 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import (AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification, Trainer,
-                          TrainerCallback, TrainingArguments)
+from transformers import (
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertForSequenceClassification,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 from transformers.trainer_callback import PrinterCallback
 
-from stages.models import resolve_model
+from training.models import resolve_model
 
 
 class SaveTimer(TrainerCallback):

@@ -8,13 +8,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import BertConfig, BertForSequenceClassification, set_seed
 
-from stages.common import pack_sequences, unpack_sequences
-from stages.csvfiles import read_csv
-from stages.fetch import write_builtin
-from stages.models import resolve_model, set_dropout
-from stages.preprocess import CLEANING_SWITCHES, clean_frame
-from stages.speed import Throughput
-from stages.train import TokenizedDataset, load_model
+from fetching.builtin import write_builtin
+from reading.cleaning import CLEANING_SWITCHES, clean_frame
+from reading.csvfiles import read_csv
+from reading.tokens import pack_sequences, unpack_sequences
+from training.data import TokenizedDataset
+from training.models import load_model, resolve_model, set_dropout
+from training.speed import Throughput
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE_MAX_LENGTH = 128  # the usual recipe pads every text to this

@@ -3,7 +3,7 @@ memory on the embedded corpus copied 10 times against on the corpus (bench/token
 import time
 
 from bench.common import BASELINE_MAX_LENGTH, GOALS, verdict
-from stages.tokenize import tokenize_texts
+from reading.tokens import tokenize_texts
 
 
 def per_row_seconds(tokenizer, texts):

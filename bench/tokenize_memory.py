@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from stages.csvfiles import write_csv
+from reading.csvfiles import write_csv
 
 REPO = Path(__file__).resolve().parents[1]
 

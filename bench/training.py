@@ -9,12 +9,27 @@ import torch
 from transformers import DataCollatorWithPadding, TrainingArguments
 from transformers.trainer_callback import PrinterCallback
 
-from bench.common import (BASELINE_BATCH, BASELINE_MAX_LENGTH, GOALS, NO_CHECKPOINTS, QUIET, combined, dataset, free_gpu, minilm_model,
-                          recipe, sync, verdict)
+from bench.common import (
+    BASELINE_BATCH,
+    BASELINE_MAX_LENGTH,
+    GOALS,
+    NO_CHECKPOINTS,
+    QUIET,
+    combined,
+    dataset,
+    free_gpu,
+    minilm_model,
+    recipe,
+    sync,
+    verdict,
+)
 from bench.flops import PeakSampler
-from stages import unpadded
-from stages.speed import CountingTrainer, Throughput, autocast_dtype, cpu_bf16_speedup, peak_memory, pick_batch_size
-from stages.train import make_collator, training_arguments
+from predicting.inference import make_collator
+from training import unpadded
+from training.arguments import training_arguments
+from training.batch_size import pick_batch_size
+from training.precision import autocast_dtype, cpu_bf16_speedup
+from training.speed import CountingTrainer, Throughput, peak_memory
 
 COMPILE_WARMUP = 10  # steps: the row for torch.compile times what follows its compiling
 
@@ -189,7 +204,7 @@ def report_compile(eager, compiled, compile_s, steps, params):
 
 def time_training_steps(model, examples, batch_size, steps, padded_collator, dtype=None, warmup=2):
     """Real tokens per second of `steps` training steps (forward, backward, AdamW) of `model`
-    on padded batches (padded_collator, e.g. the train stage's) and on packed ones (stages.unpadded),
+    on padded batches (padded_collator, e.g. the train stage's) and on packed ones (training.unpadded),
     over the same batches: examples in order, batch_size at a time, cycled. AdamW runs with lr 0, so
     both modes do the same work and the weights are left as they were (gradients are not).
     dtype: autocast dtype (bf16/fp16), None for fp32. Returns {"padded": ..., "unpadded": ...} and
@@ -225,7 +240,7 @@ def time_training_steps(model, examples, batch_size, steps, padded_collator, dty
 
 
 def report_unpadded(make_model, tokenizer, sequences, labels, batch, dtype, params, steps=30):
-    """GPU only: padded vs padding-free (stages.unpadded) training steps on the same batches, with
+    """GPU only: padded vs padding-free (training.unpadded) training steps on the same batches, with
     the model as loaded (attention dropout: per-text SDPA) and without attention dropout (varlen_attn)."""
     examples = [{"input_ids": s, "labels": y} for s, y in zip(sequences, labels)]
     for attention_dropout in (None, 0.0):

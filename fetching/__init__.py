@@ -1,1 +1,0 @@
-"""The fetch stage's parts: sources, downloads, failures, archives, checks, the builtin corpus."""

@@ -8,8 +8,8 @@ import stat
 import tarfile
 import zipfile
 
-from stages.common import PipelineError
-from stages.fetching.failures import shorten
+from fetching.failures import shorten
+from pipeline.settings import PipelineError
 
 
 def unsafe_entry(name, link=None):

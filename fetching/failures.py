@@ -9,7 +9,7 @@ import re
 import requests
 from gdown.exceptions import DownloadError, FileURLRetrievalError
 
-from stages.common import redact
+from pipeline.command import redact
 
 
 def page_text(page):

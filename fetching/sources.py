@@ -5,9 +5,9 @@ import os
 import re
 import urllib.parse
 
-from stages.common import PipelineError
-from stages.fetching.builtin import BUILTIN
-from stages.fetching.checks import sniff
+from fetching.builtin import BUILTIN
+from fetching.checks import sniff
+from pipeline.settings import PipelineError
 
 ARCHIVES = {".zip": "zip", ".tar.gz": "tar", ".tgz": "tar"}
 DRIVE_HOSTS = {"drive.google.com", "docs.google.com", "drive.usercontent.google.com"}

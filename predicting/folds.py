@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from stages.common import PipelineError
-from stages.csvfiles import read_csv
+from pipeline.settings import PipelineError
+from reading.csvfiles import read_csv
 
 FOLDS_CSV = Path("data/split/folds.csv")
 PREDICTIONS = Path("predictions")  # predictions/fold-<k>/oof.csv, predictions/test/fold-<k>.csv
@@ -27,7 +27,7 @@ def fold_count(folds):
 
 def outputs(fold):
     """Where fold `fold`'s train stage writes (its model, its validation predictions, its training curves)
-    and where predict_test writes its test predictions (its checkpoints: stages.checkpoint.folder)."""
+    and where predict_test writes its test predictions (its checkpoints: training.checkpoint.folder)."""
     return {"model": Path(f"models/fold-{fold}"), "predictions": PREDICTIONS / f"fold-{fold}",
             "test": TEST_PREDICTIONS / f"fold-{fold}.csv", "live": Path(f"reports/train/fold-{fold}")}
 

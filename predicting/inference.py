@@ -1,4 +1,4 @@
-"""Predicting with trained folds, for the predict_test stage and python -m stages.predict: loading a
+"""Predicting with trained folds, for the predict_test stage and python -m predict: loading a
 fold's model with the settings its train stage saved beside it (pipeline.json), and running it over
 token ids in length-sorted batches."""
 import json
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from stages.common import PipelineError
-from stages.tasks import SHAPES
+from pipeline.settings import PipelineError
+from tasks.shapes import SHAPES
 
 PIPELINE = "pipeline.json"  # beside each trained model: how its data was read, cleaned and tokenized
 
@@ -67,7 +67,7 @@ def prediction_dtype(run, device):
     """The autocast dtype to predict in: the one the model was trained (and its validation rows
     predicted) in, from pipeline.json, where this device has it; else fp32. Not measured again (the
     train stage's bf16 test on a CPU): the test rows are predicted as the validation rows were."""
-    from stages.speed import cpu_has_bf16
+    from training.precision import cpu_has_bf16
 
     trained = getattr(torch, run["precision"])
     if device == "cuda":
@@ -82,7 +82,7 @@ def load_fold(folder, run, device):
     import transformers
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from stages.common import interactive
+    from pipeline.command import interactive
 
     if not interactive():  # the bar of weights loaded: one endless line in a log
         transformers.utils.logging.disable_progress_bar()

@@ -7,8 +7,7 @@ import io
 import re
 from pathlib import Path
 
-from stages.common import PipelineError
-
+from pipeline.settings import PipelineError
 
 CSV_DELIMITERS = ",;\t|"  # the candidates read_csv tries, comma first (it wins ties)
 HEAD_SIZE = 1 << 16  # the start of a file, where sniff_header looks for the header

@@ -11,7 +11,7 @@ loads no model, so it takes seconds. Writes reports/evaluate/metrics.json, repor
   predicted by the one model that did not train on it); `cv`, each fold's scores with their mean
   and standard deviation; `test`, the scores of the ensemble: the mean of the K models' outputs
   (class probabilities, or values).
-The task shape (stages/tasks.py) says which scores (and task.metric, the competition's, beside them),
+The task shape (tasks/shapes.py) says which scores (and task.metric, the competition's, beside them),
 how outputs become decisions (the class of highest probability; for multi-label each class whose
 probability reaches the threshold that scores best on the validation rows, reported as `threshold`; the
 value) and the submission's form. probabilities.csv keeps the probabilities, one column per class, for
@@ -23,11 +23,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from stages import folds
-from stages.common import PipelineError, atomic_dir, run_main, write_json
-from stages.csvfiles import read_csv, write_csv
-from stages.scores import classification_metrics  # noqa: F401 (also reached as evaluate.<name>)
-from stages.tasks import SHAPES, competition_metric, headline, submission_frame, task_params
+from pipeline.command import run_main
+from pipeline.outputs import atomic_dir, write_json
+from pipeline.settings import PipelineError
+from predicting import folds
+from predicting.ensemble import combine_out_of_fold, mean_test_probabilities
+from reading.csvfiles import read_csv, write_csv
+from tasks.shapes import SHAPES, competition_metric, headline, submission_frame, task_params
 
 PROCESSED = Path("data/processed")
 REPORTS = Path("reports/evaluate")
@@ -56,28 +58,8 @@ def described(scores, names):
                      for name in names)
 
 
-def combine_out_of_fold(row_folds, oof):
-    """(rows, probabilities) over every validated row, from [(rows, probabilities) of each fold].
-    Each fold must hold exactly the rows the split gave it: anything else means predictions from
-    another run."""
-    for k, (rows, _) in enumerate(oof):
-        expected = np.flatnonzero(row_folds == k)
-        if not np.array_equal(np.sort(rows), expected):
-            raise PipelineError(f"{folds.PREDICTIONS}/fold-{k}/oof.csv holds other rows than fold {k} of "
-                                f"{folds.FOLDS_CSV}: it comes from another run; rerun `dvc repro`")
-    rows = np.concatenate([r for r, _ in oof])
-    order = np.argsort(rows, kind="stable")
-    return rows[order], np.concatenate([p for _, p in oof])[order]
 
 
-def mean_test_probabilities(tests, n_rows):
-    """The ensemble's test outputs (probabilities, or values): the mean over folds, every fold covering every
-    test row."""
-    for k, (rows, _) in enumerate(tests):
-        if not np.array_equal(rows, np.arange(n_rows)):
-            raise PipelineError(f"{folds.outputs(k)['test']} does not hold the {n_rows} rows of "
-                                f"{PROCESSED / 'test.csv'}: it comes from another run; rerun `dvc repro`")
-    return np.mean([p for _, p in tests], axis=0)
 
 
 def unused_folders(k):

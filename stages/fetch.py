@@ -13,19 +13,17 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from stages.common import PipelineError, Range, atomic_dir, check_kind, interactive, load_params, run_main
-from stages.csvfiles import column_names
-from stages.fetching.archives import extract
-from stages.fetching.builtin import BUILTIN, write_builtin
-from stages.fetching.checks import check_csv, page_error, parse_pins, pick_files, record, sniff
-from stages.fetching.download import Net, download_drive_folder, download_file
-from stages.fetching.sources import archive_kind, parse_source
+from fetching.archives import extract
+from fetching.builtin import BUILTIN, write_builtin
+from fetching.checks import check_csv, page_error, parse_pins, pick_files, record, sniff
+from fetching.download import Net, download_drive_folder, download_file
+from fetching.sources import archive_kind, parse_source
+from pipeline.command import interactive, run_main
+from pipeline.outputs import atomic_dir
+from pipeline.settings import PipelineError, Range, check_kind, load_params
+from reading.csvfiles import column_names
 
 # not used here: the tests and users reach these as fetch.<name>
-from stages.fetching.archives import pick, unsafe_entry  # noqa: F401
-from stages.fetching.builtin import split_builtin  # noqa: F401
-from stages.fetching.download import url_file_name  # noqa: F401
-from stages.fetching.failures import advice, page_text  # noqa: F401
 
 OUT = Path("data/raw")
 

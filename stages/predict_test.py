@@ -13,10 +13,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from stages import folds
-from stages.common import PipelineError, atomic_dir, run_main, unpack_flat, unpack_sequences
-from stages.inference import fold_folders, fold_outputs, load_fold
-from stages.tasks import SHAPES
+from pipeline.command import run_main
+from pipeline.outputs import atomic_dir
+from pipeline.settings import PipelineError
+from predicting import folds
+from predicting.inference import fold_folders, fold_outputs, load_fold
+from reading.tokens import unpack_flat, unpack_sequences
+from tasks.shapes import SHAPES
 
 TEST = Path("data/tokenized/test.safetensors")
 MODELS = Path("models")

@@ -3,12 +3,12 @@ stages need to know about the data.
 
 Reads data/raw/{train,test,sample_submission}.csv; writes data/processed/:
 - train.csv: `text` (and `text_pair` for text pairs) and `label`, the label in the processed form of
-  its shape (stages/labels.py);
+  its shape (tasks/labels.py);
 - test.csv: `id`, the texts and `label` (empty when the test file has none), in the order of
   sample_submission.csv when there is one;
 - labels.json: the classes (none for regression);
 - shape.json: the task shape and how the texts and labels were read and cleaned (the train stage keeps
-  a copy beside each model, so that python -m stages.predict prepares a new file the same way);
+  a copy beside each model, so that python -m predict prepares a new file the same way);
 - submission.json: the submission's header (sample_submission.csv's, else the shape's), whether its
   class columns hold probabilities (task.metric scores them) and the test file's id column.
 Every check runs before anything is written, so a bad input leaves the previous data/processed as it was.
@@ -17,18 +17,20 @@ Several text columns (a list in preprocess.text_column) are cleaned one by one a
 COLUMN_JOIN, which the tokenize stage replaces by the tokenizer's separator token ([SEP] for BERT).
 Row numbers in messages count the header as row 1, as a spreadsheet does.
 """
-import html
-import re
 from pathlib import Path
 
 import pandas as pd
-from stages.common import PipelineError, atomic_dir, load_params, run_main, write_json
-from stages.csvfiles import COLUMN_JOIN, column_names, read_csv, row_numbers, write_csv
+
+from pipeline.command import run_main
+from pipeline.outputs import atomic_dir, write_json
+from pipeline.settings import PipelineError, load_params
+from reading.cleaning import CLEANING_SWITCHES, clean_frame, clean_test_frame
+from reading.csvfiles import column_names, read_csv, row_numbers, write_csv
+
 # the label readers' helpers, also reached as preprocess.<name>
-from stages.labels import (NUMBER_RE, check_known_labels, report_merged, require_labels, sort_labels,  # noqa: F401
-                           unify_numeric_labels)
-from stages.scores import ON_PROBABILITIES
-from stages.tasks import SHAPES, check_header, task_params
+from tasks.labels import NUMBER_RE
+from tasks.scores import ON_PROBABILITIES
+from tasks.shapes import SHAPES, check_header, task_params
 
 RAW = Path("data/raw")
 TRAIN_CSV = RAW / "train.csv"
@@ -36,12 +38,7 @@ TEST_CSV = RAW / "test.csv"
 SAMPLE_CSV = RAW / "sample_submission.csv"
 OUT = Path("data/processed")
 
-URL_RE = re.compile(r"(?:https?://|www\.)\S+", re.IGNORECASE)
-MENTION_RE = re.compile(r"(?<!\w)@\w+")
-WHITESPACE_RE = re.compile(r"\s+")
 SHOWN = 5  # rows or ids a message lists before "and N more"
-# the preprocess.* switches that clean_text takes as keyword arguments
-CLEANING_SWITCHES = ("lowercase", "unescape_html", "replace_urls", "replace_mentions", "normalize_whitespace")
 # what each preprocess.* key accepts; load_params turns anything else into a one-line error (a list of
 # columns is checked further by column_names)
 PREPROCESS_PARAMS = {"text_column": (str, list), "text_pair_column": (str, list, None), "label_column": (str, list),
@@ -49,26 +46,6 @@ PREPROCESS_PARAMS = {"text_column": (str, list), "text_pair_column": (str, list,
                      "drop_duplicates": (bool,)}
 
 
-def clean_text(text, lowercase=False, unescape_html=True, replace_urls=True,
-               replace_mentions=True, normalize_whitespace=True):
-    """Return the cleaned text. Idempotent: cleaning a cleaned text changes nothing."""
-    # Unescape until stable: tweets often carry double-escaped entities (&amp;amp;). Lowercase in
-    # the same loop: lowercasing can make an entity ("&Hellip;" -> "&hellip;", an ellipsis), so
-    # lowercasing after the loop left texts that a second cleaning changed.
-    previous = None
-    while previous != text:
-        previous = text
-        if unescape_html:
-            text = html.unescape(text)
-        if lowercase:
-            text = text.lower()
-    if replace_urls:
-        text = URL_RE.sub("http", text)
-    if replace_mentions:
-        text = MENTION_RE.sub("@user", text)
-    if normalize_whitespace:
-        text = WHITESPACE_RE.sub(" ", text).strip()
-    return text
 
 
 def require_columns(df, columns, path):
@@ -86,26 +63,8 @@ def require_rows(df, path):
 
 
 
-def clean_columns(df, columns, options):
-    """Each row's cleaned text; with several columns each is cleaned, then they are joined by COLUMN_JOIN
-    (a row whose every column cleans to nothing gives "")."""
-    cleaned = [df[c].map(lambda t: clean_text(t, **options)) for c in columns]
-    if len(cleaned) == 1:
-        return cleaned[0]
-    joined = pd.concat(cleaned, axis=1).agg(COLUMN_JOIN.join, axis=1)
-    return joined.where(joined.str.strip(COLUMN_JOIN) != "", "")
 
 
-def clean_frame(df, text_column, label_column, options, pair_column=None):
-    """Cleaned `text` (and `text_pair`) columns, and `label` (label_column's, stripped) when label_column
-    names one column, keeping df's index (row numbers); rows whose texts clean to nothing are dropped.
-    text_column and pair_column are a column name or a list of them (joined: clean_columns)."""
-    out = pd.DataFrame({"text": clean_columns(df, column_names(text_column, "text_column"), options)}, index=df.index)
-    if pair_column:
-        out["text_pair"] = clean_columns(df, column_names(pair_column, "text_pair_column"), options)
-    if isinstance(label_column, str):
-        out["label"] = df[label_column].str.strip() if label_column in df else ""
-    return out[(out["text"] != "") | (out.get("text_pair", "") != "")]
 
 
 def check_unique_ids(ids, column, path):
@@ -118,14 +77,6 @@ def check_unique_ids(ids, column, path):
                             f"{listed}{more}; the submission needs one row per id")
 
 
-def clean_test_frame(raw, text_column, id_column, options, pair_column=None):
-    """The test rows cleaned (`id`, `text`, maybe `text_pair`); every row is kept, even an empty one:
-    the submission needs a prediction for each."""
-    test = pd.DataFrame({"id": raw[id_column] if id_column else range(len(raw)),
-                         "text": clean_columns(raw, column_names(text_column, "text_column"), options)})
-    if pair_column:
-        test["text_pair"] = clean_columns(raw, column_names(pair_column, "text_pair_column"), options)
-    return test.reset_index(drop=True)
 
 
 def order_by_sample(test, sample_ids, id_column, path, test_path):

@@ -9,7 +9,7 @@ validates on that row (-1: a row every fold trains on). Fold k trains on every r
 - cv.folds [0, 1, ..., K-1]: stratified K-fold: every row is validated by exactly one fold, every
   fold validates on every class, and rows with the same text (text pair) share a fold (duplicates
   never sit on both sides of a fold, even with preprocess.drop_duplicates off).
-What is stratified by comes from the task shape (stages/tasks.py): the class; for multi-label the
+What is stratified by comes from the task shape (tasks/shapes.py): the class; for multi-label the
 classes of each row, by iterative stratification (the iterative-stratification package: Sechidis et al.
 2011's algorithm, which keeps each class's share, and pairs of classes', alike across folds); for
 regression quantile bins of the target.
@@ -21,9 +21,11 @@ import numpy as np
 import pandas as pd
 from sklearn.model_selection import StratifiedKFold, train_test_split
 
-from stages.common import SEEDS, PipelineError, Range, atomic_dir, load_params, run_main
-from stages.csvfiles import read_csv, write_csv
-from stages.tasks import SHAPES
+from pipeline.command import run_main
+from pipeline.outputs import atomic_dir
+from pipeline.settings import SEEDS, PipelineError, Range, load_params
+from reading.csvfiles import read_csv, write_csv
+from tasks.shapes import SHAPES
 
 TRAIN_CSV = "data/processed/train.csv"
 LABELS = "data/processed/labels.json"

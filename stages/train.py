@@ -3,10 +3,10 @@
 `python -m stages.train --fold K`; dvc.yaml runs it once per item of cv.folds, as stage train@K.
 Reads data/tokenized/{train.safetensors,settings.json}, data/split/folds.csv (fold K validates on the
 rows marked K and trains on all the others) and data/processed/{labels.json,shape.json}: the task shape
-(stages/tasks.py) gives the number of outputs, the loss (transformers' problem_type) and the scores of
+(tasks/shapes.py) gives the number of outputs, the loss (transformers' problem_type) and the scores of
 each evaluation. Writes, for fold K:
 - models/fold-K: weights (safetensors), tokenizer, label mapping in config.json, and pipeline.json:
-  how the data was read, cleaned and tokenized, which python -m stages.predict and the predict_test
+  how the data was read, cleaned and tokenized, which python -m predict and the predict_test
   stage read (the test rows are predicted there, so a new test file retrains nothing);
 - predictions/fold-K: oof.csv, the outputs (class probabilities, or values) of the rows it validated
   on (its final evaluation);
@@ -19,7 +19,7 @@ train.compile hands the model to torch.compile (through Trainer's torch_compile 
 
 Checkpoints every machine.checkpoint_minutes into <machine.checkpoint_dir>/fold-K; a rerun with the
 same settings resumes from the newest, and Ctrl-C or SIGTERM saves one before stopping
-(stages/checkpoint.py). The machine section holds what this machine needs and the result does not
+(training/checkpoint.py). The machine section holds what this machine needs and the result does not
 depend on: no stage declares it in dvc.yaml, so changing it reruns nothing.
 With train.num_processes N > 1 it relaunches itself under torchrun: N processes, one per GPU,
 each with its share of every batch (DistributedDataParallel); only the first writes outputs.
@@ -30,28 +30,32 @@ import math
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 import transformers
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, TrainingArguments, set_seed
-from transformers.integrations import DVCLiveCallback
+from transformers import set_seed
 from transformers.trainer_callback import PrinterCallback
-from transformers.utils import is_torch_tf32_available
 
-from stages import checkpoint, folds, pruning, unpadded
-from stages.common import (SEEDS, PipelineError, Range, atomic_dir, interactive, load_params, run_main,
-                           seconds_since_start, unpack_flat, unpack_sequences, write_json)
-from stages.inference import PIPELINE, make_collator, predict_logits  # noqa: F401 (predict_logits: also train.<name>)
-from stages.models import model_params, resolve_model, set_dropout
-from stages.progress import ProgressLog
-from stages.processes import agreed_batch_size, join_processes, per_process_batch
-from stages.speed import (CountingTrainer, Throughput, autocast_dtype, check_batch_size, out_of_memory_in_training,
-                          peak_memory, precision_note, use_expandable_segments)
-from stages.tasks import SHAPES
+from pipeline.command import interactive, run_main, seconds_since_start
+from pipeline.outputs import atomic_dir, write_json
+from pipeline.settings import SEEDS, PipelineError, Range, load_params
+from predicting import folds
+from predicting.inference import PIPELINE, make_collator
+from reading.tokens import unpack_flat, unpack_sequences
+from tasks.shapes import SHAPES
+from training import checkpoint, pruning, unpadded
+from training.arguments import training_arguments
+from training.batch_size import check_batch_size, out_of_memory_in_training, use_expandable_segments
+from training.data import TokenizedDataset, standardised
+from training.evaluation import ValidationScores, evaluated_at_end
+from training.models import load_model, model_params, resolve_model
+from training.precision import autocast_dtype, precision_note
+from training.processes import agreed_batch_size, join_processes, per_process_batch
+from training.progress import LiveCallback, ProgressLog, open_live
+from training.speed import CountingTrainer, Throughput, peak_memory
 
 TOKENIZED = Path("data/tokenized")
 LABELS = Path("data/processed/labels.json")
@@ -68,148 +72,20 @@ MACHINE_PARAMS = {"checkpoint_dir": (str,), "checkpoint_minutes": (float, Range(
                   "checkpoint_steps": (int, None, Range(1)), "loader_workers": (int, Range(0)), "pin_memory": (bool,)}
 
 
-class TokenizedDataset(torch.utils.data.Dataset):
-    """Unpadded token ids and labels (lists), and segment ids for text pairs, e.g. some rows of a split
-    the tokenize stage saved."""
-
-    def __init__(self, sequences, labels, token_types=None):
-        self.sequences, self.labels, self.token_types = sequences, labels, token_types
-
-    @classmethod
-    def rows(cls, sequences, labels, rows, token_types=None):
-        return cls([sequences[i] for i in rows], [labels[i] for i in rows],
-                   None if token_types is None else [token_types[i] for i in rows])
-
-    def __len__(self):
-        return len(self.sequences)
-
-    def __getitem__(self, i):
-        example = {"input_ids": self.sequences[i], "labels": self.labels[i]}
-        if self.token_types is not None:
-            example["token_type_ids"] = self.token_types[i]
-        return example
 
 
-class ValidationScores:
-    """Trainer's compute_metrics, keeping the logits and scores of the latest evaluation: after the last
-    one, those are the fold's out-of-fold predictions, with no second pass over the validation rows.
-    The task shape computes the scores (scale: a regression target's standardisation)."""
-
-    def __init__(self, shape=SHAPES["classification"], scale=None):
-        self.shape, self.scale = shape, scale
-        self.logits, self.latest = None, {}
-
-    def __call__(self, eval_pred):
-        self.logits, labels = eval_pred
-        self.latest = self.shape.evaluation_scores(self.logits, labels, self.scale)
-        return self.latest
 
 
-def standardised(labels, scale):
-    """Targets as the model learns them: (y - mean) / std, scale from the task shape's target_scale."""
-    mean, std = scale
-    return [(y - mean) / std for y in labels]
 
 
-def evaluated_at_end(state):
-    """Whether Trainer's last evaluation was of the final model (it evaluates at each epoch's end)."""
-    return any("eval_loss" in entry and entry.get("step") == state.global_step for entry in state.log_history)
 
 
-class LiveCallback(DVCLiveCallback):
-    """dvclive's Trainer callback, stepping by optimizer step (not by log call) and timing epochs."""
-
-    def on_log(self, args, state, control, **kwargs):
-        if self.live is not None:
-            self.live.step = state.global_step
-        super().on_log(args, state, control, **kwargs)
-
-    def on_epoch_begin(self, args, state, control, **kwargs):
-        self.epoch_start = time.perf_counter()
-
-    def on_epoch_end(self, args, state, control, **kwargs):
-        if self.live is not None:
-            self.live.log_metric("epoch_time_s", round(time.perf_counter() - self.epoch_start, 1))
 
 
-def training_arguments(params, machine, output_dir, device, batch_size, accumulation):
-    """Trainer's settings from the train and machine sections; output_dir receives the checkpoints."""
-    cuda = device == "cuda"
-    dtype = autocast_dtype(params["mixed_precision"], device)
-    return TrainingArguments(
-        output_dir=output_dir,
-        num_train_epochs=params["epochs"],
-        per_device_train_batch_size=batch_size,
-        per_device_eval_batch_size=batch_size * 2,  # no gradients kept: twice the batch fits
-        gradient_accumulation_steps=accumulation,
-        learning_rate=params["lr"],
-        weight_decay=params["weight_decay"],
-        warmup_steps=params["warmup_ratio"],  # a float below 1 is a fraction of all steps
-        max_grad_norm=params["max_grad_norm"],
-        lr_scheduler_type="linear",
-        seed=params["seed"],
-        train_sampling_strategy="group_by_length" if params["group_by_length"] else "random",
-        bf16=dtype == torch.bfloat16,
-        fp16=dtype == torch.float16,  # with a gradient scaler
-        tf32=params["tf32"] if cuda and is_torch_tf32_available() else None,  # None: leave torch's setting
-        optim="adamw_torch_fused" if params["fused_adamw"] else "adamw_torch",
-        dataloader_pin_memory=machine["pin_memory"] and cuda,
-        # on the CPU, loader workers would take cores from the model
-        dataloader_num_workers=machine["loader_workers"] if cuda else 0,
-        dataloader_persistent_workers=cuda and machine["loader_workers"] > 0,
-        use_cpu=not cuda,  # also what makes several processes on a CPU talk through gloo
-        torch_compile=params["compile"],
-        # train.evaluations n: pruning.EvaluateEvenly asks for each of the n evaluations itself
-        eval_strategy="epoch" if params["evaluations"] == "epoch" else "no",
-        # checkpoints to resume from (the finished model goes to models/fold-K): every checkpoint_steps
-        # when set; every checkpoint_minutes in any case (StopOnSignal asks for those)
-        save_strategy="steps" if machine["checkpoint_steps"] else "no",
-        save_steps=machine["checkpoint_steps"] or 1,
-        save_total_limit=1,  # the newest is all a resumed run needs
-        logging_strategy="steps",
-        logging_steps=0.02,  # a fraction: about 50 points on the loss curve whatever the data size
-        # on: every micro-batch Trainer asks the GPU whether the loss is nan, a wait for the host each step;
-        # off: a nan loss shows in the curve as nan instead of being averaged away
-        logging_nan_inf_filter=False,
-        report_to="none",  # dvclive is attached explicitly, to write into reports/train/fold-K
-        disable_tqdm=True,  # stages.progress prints instead: a bar on a terminal, lines in a log
-    )
 
 
-def load_model(model_source, labels, trust_remote_code=False, dropout="model", freeze_embeddings=False,
-               shape=SHAPES["classification"]):
-    """The tokenizer, and the model with a new head for labels and the task shape (seed first): its
-    number of outputs, and problem_type, from which transformers' models compute their loss. dropout: a
-    probability for every dropout of the model, or "model" for the ones its config has;
-    freeze_embeddings: the token-embedding matrix is not trained."""
-    tokenizer = AutoTokenizer.from_pretrained(model_source, trust_remote_code=trust_remote_code)
-    outputs = shape.outputs(labels)
-    config = AutoConfig.from_pretrained(model_source, num_labels=len(outputs), trust_remote_code=trust_remote_code,
-                                        id2label=dict(enumerate(outputs)),
-                                        label2id={name: i for i, name in enumerate(outputs)},
-                                        problem_type=shape.problem_type)
-    if not set_dropout(config, dropout) and dropout != "model":
-        print(f"train.dropout {dropout}: the config of {model_source} names no dropout; it keeps its own")
-    # transformers prints a table listing the classifier head as MISSING: that is expected for
-    # a fresh head, so say it in one line instead
-    transformers.logging.set_verbosity_error()
-    model = AutoModelForSequenceClassification.from_pretrained(model_source, config=config,
-                                                               trust_remote_code=trust_remote_code)
-    transformers.logging.set_verbosity_warning()
-    if freeze_embeddings:
-        model.get_input_embeddings().weight.requires_grad_(False)
-    return tokenizer, model
 
 
-def open_live(resume, folder):
-    """dvclive's logger for the fold's curves. DVC deletes a stage's metrics and plots before it
-    reruns it, so a resumed run rebuilds the curves up to its checkpoint from the checkpoint."""
-    from dvclive import Live  # here, not at the top: the benchmark imports this module where dvclive is not
-
-    live = Live(dir=str(folder), dvcyaml=None, save_dvc_exp=False)
-    if resume:
-        checkpoint.replay_logs(live, json.loads((resume / checkpoint.STATE).read_text())["log_history"])
-    return live
 
 
 def speed_line(speed):

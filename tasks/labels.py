@@ -1,5 +1,5 @@
 """Reading the label column(s) of a raw CSV into the processed form, one reader per task shape (the
-shapes in stages/tasks.py point at theirs). Processed labels are text in every shape, in the column
+shapes in tasks/shapes.py point at theirs). Processed labels are text in every shape, in the column
 `label`, empty for an unlabelled test row:
 - classification: the class name; surrounding spaces dropped, "NA" or "None" stay class names, and one
   number spelled several ways ("1", "1.0", "+1") is one class, named by its most common spelling;
@@ -14,8 +14,8 @@ from decimal import Decimal
 
 import pandas as pd
 
-from stages.common import PipelineError
-from stages.csvfiles import row_numbers
+from pipeline.settings import PipelineError
+from reading.csvfiles import row_numbers
 
 NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # no nan, inf, 1_0
 SHOWN = 5  # values a message lists before "and N more"

@@ -1,6 +1,6 @@
 """Task shapes: what differs between single-label classification, multi-label classification and
 regression, one small definition per shape, which the stages ask (SHAPES[kind]):
-- preprocess: how labels are read (stages/labels.py) and which classes there are;
+- preprocess: how labels are read (tasks/labels.py) and which classes there are;
 - tokenize: the label tensor stored with the token ids;
 - split: what folds are stratified by (classes; an indicator matrix, split by iterative stratification;
   quantile bins of the target);
@@ -17,8 +17,9 @@ import json
 import numpy as np
 import pandas as pd
 
-from stages import labels as reading, scores
-from stages.common import PipelineError, load_params
+from pipeline.settings import PipelineError, load_params
+from tasks import labels as reading
+from tasks import scores
 
 KINDS = ("classification", "multilabel", "regression")
 TASK_PARAMS = {"kind": KINDS, "label_separator": (str,), "metric": ("auto", *sorted({m for ms in scores.METRICS.values()

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.settings import PipelineError
 from stages import fetch
-from stages.common import PipelineError
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = b"text,sentiment\ngood movie,positive\nbad movie,negative\n"

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from stages.preprocess import CLEANING_SWITCHES, clean_text
+from reading.cleaning import CLEANING_SWITCHES, clean_text
 
 COMBINATIONS = [dict(zip(CLEANING_SWITCHES, values))
                 for values in itertools.product([False, True], repeat=len(CLEANING_SWITCHES))]

@@ -2,7 +2,8 @@ import os
 
 import pytest
 
-from stages.common import PipelineError, atomic_dir, load_params
+from pipeline.outputs import atomic_dir
+from pipeline.settings import PipelineError, load_params
 
 TRAIN = {"epochs": (int,), "lr": (float,), "batch_size": (int, "auto"), "note": (str, None)}
 
@@ -61,7 +62,7 @@ def test_atomic_dir_replaces_on_success_and_keeps_old_on_error(tmp_path):
 
 
 def test_redact_masks_credentials_in_urls():
-    from stages.common import redact
+    from pipeline.command import redact
     text = ("failed: https://bob:s3cret@host/x.csv and https://h/f.csv?X-Amz-Signature=abc&x=1"
             " and http://h/?token=t0k#frag")
     assert redact(text) == ("failed: https://***@host/x.csv and https://h/f.csv?X-Amz-Signature=***&x=1"
@@ -73,7 +74,7 @@ def test_redact_masks_credentials_in_urls():
 
 
 def test_model_params_warn_when_remote_code_is_trusted(tmp_path, monkeypatch, capsys):
-    from stages.models import model_params
+    from training.models import model_params
     monkeypatch.chdir(tmp_path)
     write(tmp_path, "model:\n  name: minilm\n  trust_remote_code: false\n")
     assert model_params() == {"name": "minilm", "trust_remote_code": False}

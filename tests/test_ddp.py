@@ -16,10 +16,9 @@ import pytest
 import torch
 from transformers import TrainerControl, TrainerState
 
-from stages import checkpoint
-
 from tests.test_pipeline import dvc, set_params
 from tests.test_resume import copy_repo, curve, interrupt_training, runs_train_module, tokenized_repo
+from training import checkpoint
 
 # An effective batch of 16 (8 per process with 2 processes), 8 epochs of 17 optimizer steps at lr 2e-3
 # (tests.test_pipeline.TINY_PARAMS: the tiny task learned by epoch 4 for every seed tried). At 20 epochs

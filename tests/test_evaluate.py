@@ -3,9 +3,11 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding
 
-from stages.common import PipelineError
-from stages.evaluate import classification_metrics, combine_out_of_fold, mean_test_probabilities, spread
-from stages.train import predict_logits
+from pipeline.settings import PipelineError
+from predicting.ensemble import combine_out_of_fold, mean_test_probabilities
+from predicting.inference import predict_logits
+from stages.evaluate import spread
+from tasks.scores import classification_metrics
 
 
 def test_classification_metrics():

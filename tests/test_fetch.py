@@ -11,10 +11,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fetching.archives import pick, unsafe_entry
+from fetching.builtin import split_builtin
+from fetching.download import url_file_name
+from fetching.failures import advice, page_text
+from pipeline.settings import PipelineError
 from stages import fetch
-from stages.common import PipelineError
-from tests.fetch_helpers import (TEST, TRAIN, error_line, make_tgz, make_zip, old_raw,
-                                 run_stage, snapshot, write_params)
+from tests.fetch_helpers import TEST, TRAIN, error_line, make_tgz, make_zip, old_raw, run_stage, snapshot, write_params
 
 NET = fetch.Net(timeout=2, retries=0, backoff=0.01)
 ID = "1AbCdEfGhIjKlMnOpQrStUvWxYz012345"  # a Drive-id-shaped string
@@ -75,9 +78,9 @@ def test_archive_kind(name, head, kind):
 
 
 def test_url_file_name():
-    assert fetch.url_file_name("https://h/a/b/train%20set.csv?dl=1") == "train_set.csv"
-    assert fetch.url_file_name("https://h/") == "download"
-    assert fetch.url_file_name("https://h/..%2F..%2Fevil.csv") == "evil.csv"
+    assert url_file_name("https://h/a/b/train%20set.csv?dl=1") == "train_set.csv"
+    assert url_file_name("https://h/") == "download"
+    assert url_file_name("https://h/..%2F..%2Fevil.csv") == "evil.csv"
 
 
 @pytest.mark.parametrize("name, link, bad", [
@@ -87,7 +90,7 @@ def test_url_file_name():
     ("data/link", "../../x", True), ("link", "/etc/passwd", True),
 ])
 def test_unsafe_entry(name, link, bad):
-    assert bool(fetch.unsafe_entry(name, link)) == bad
+    assert bool(unsafe_entry(name, link)) == bad
 
 
 PARTS = st.sampled_from(["a", "b.csv", "..", ".", "", "C:", "\\"])
@@ -95,7 +98,7 @@ PARTS = st.sampled_from(["a", "b.csv", "..", ".", "", "C:", "\\"])
 
 @given(st.lists(PARTS, max_size=5).map("/".join), st.none() | st.lists(PARTS, max_size=5).map("/".join))
 def test_entries_judged_safe_stay_inside(name, link):
-    if fetch.unsafe_entry(name, link) is None:
+    if unsafe_entry(name, link) is None:
         root = "/x/root"
         for path in [name] + ([posixpath.join(posixpath.dirname(name), link)] if link is not None else []):
             target = posixpath.normpath(posixpath.join(root, path))
@@ -104,12 +107,12 @@ def test_entries_judged_safe_stay_inside(name, link):
 
 def test_pick():
     paths = ["README.md", "wrap/test.csv", "wrap/train.csv", "__MACOSX/train.csv"]
-    assert fetch.pick(paths, "train.csv", "a.zip") == "wrap/train.csv"
-    assert fetch.pick(["train.csv", "x/train.csv"], "train.csv", "a.zip") == "train.csv"
+    assert pick(paths, "train.csv", "a.zip") == "wrap/train.csv"
+    assert pick(["train.csv", "x/train.csv"], "train.csv", "a.zip") == "train.csv"
     with pytest.raises(PipelineError, match=r"no dev.csv at the top .*wrap/test.csv, wrap/train.csv"):
-        fetch.pick(paths, "dev.csv", "a.zip")
+        pick(paths, "dev.csv", "a.zip")
     with pytest.raises(PipelineError, match="in several folders"):
-        fetch.pick(["a/train.csv", "b/train.csv"], "train.csv", "a.zip")
+        pick(["a/train.csv", "b/train.csv"], "train.csv", "a.zip")
 
 
 def test_parse_pins():
@@ -127,11 +130,11 @@ def test_page_text_and_advice():
     quota = ('<html><head><title>Google Drive - Quota exceeded</title></head><body>'
              '<p class="uc-error-subcaption">Too many users have viewed or downloaded this file '
              'recently.</p></body></html>')
-    assert fetch.page_text(quota).startswith("Too many users")
-    assert "quota" in fetch.advice(fetch.page_text(quota))
+    assert page_text(quota).startswith("Too many users")
+    assert "quota" in advice(page_text(quota))
     signin = "<html><title>Sign in - Google Accounts</title></html>"
-    assert fetch.page_text(signin) == "Sign in - Google Accounts"
-    assert "Anyone with the link" in fetch.advice("Sign in - Google Accounts")
+    assert page_text(signin) == "Sign in - Google Accounts"
+    assert "Anyone with the link" in advice("Sign in - Google Accounts")
 
 
 def test_net_settings():
@@ -167,11 +170,11 @@ def test_check_csv(tmp_path):
 def test_split_builtin_is_stratified_and_deterministic():
     df = pd.DataFrame({"sentiment": ["a"] * 60 + ["b"] * 30 + ["c"] * 10,
                        "confidence": 1.0, "text": [f"t{i}" for i in range(100)]})
-    train, test = fetch.split_builtin(df)
+    train, test = split_builtin(df)
     assert len(test) == 10 and len(train) == 90
     assert test["sentiment"].value_counts().to_dict() == {"a": 6, "b": 3, "c": 1}
     assert set(train["text"]).isdisjoint(test["text"])
-    assert list(fetch.split_builtin(df)[1]["text"]) == list(test["text"])
+    assert list(split_builtin(df)[1]["text"]) == list(test["text"])
 
 
 def test_builtin(tmp_path):

@@ -10,8 +10,7 @@ import certifi
 import pytest
 
 from stages import fetch
-from tests.fetch_helpers import (TEST, TRAIN, error_line, expect_failure, make_zip, old_raw,
-                                 run_stage, snapshot, write_params)
+from tests.fetch_helpers import TEST, TRAIN, error_line, expect_failure, make_zip, old_raw, run_stage, snapshot, write_params
 from tests.http_servers import FakeDrive, make_tls, serve
 
 HUGE = TRAIN + b"".join(b"row %d,positive\n" % i for i in range(60000))  # over gdown's 512 KiB chunk

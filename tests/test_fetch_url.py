@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 
 from stages import fetch
-from tests.fetch_helpers import (TEST, TRAIN, error_line, expect_failure, make_zip,
-                                 old_raw, run_stage, snapshot, write_params)
+from tests.fetch_helpers import TEST, TRAIN, error_line, expect_failure, make_zip, old_raw, run_stage, snapshot, write_params
 from tests.http_servers import html_page, refused_url, send, send_file, serve
 
 BIG = TRAIN + b"".join(b"row %d,positive\n" % i for i in range(5000))  # ~90 kB

@@ -1,10 +1,11 @@
 import pandas as pd
 import pytest
 
-from stages.common import PipelineError
-from stages.csvfiles import read_csv, write_csv
-from stages.preprocess import (check_known_labels, clean_frame, clean_text, require_columns,
-                               row_numbers, sort_labels, unify_numeric_labels)
+from pipeline.settings import PipelineError
+from reading.cleaning import clean_frame, clean_text
+from reading.csvfiles import read_csv, row_numbers, write_csv
+from stages.preprocess import require_columns
+from tasks.labels import check_known_labels, sort_labels, unify_numeric_labels
 
 ALL_ON = dict(lowercase=True, unescape_html=True, replace_urls=True, replace_mentions=True,
               normalize_whitespace=True)
@@ -106,7 +107,7 @@ def test_cp1252_fallback_keeps_utf8_characters(tmp_path, capsys):
 
 
 def test_only_korean_text_is_read_as_cp949():
-    from stages.csvfiles import korean_text
+    from reading.csvfiles import korean_text
 
     korean = "text,label\n이 영화 정말 재미있어요,긍정\n똠방각하,부정\n"
     assert korean_text(korean.encode("cp949")) == korean

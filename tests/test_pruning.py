@@ -1,4 +1,4 @@
-"""The train stage's side of tuning (stages/pruning.py) against a real Optuna study in SQLite, and the
+"""The train stage's side of tuning (training/pruning.py) against a real Optuna study in SQLite, and the
 tune section's checks (tune/settings.py): evaluations evenly spaced, the default pruner (successive
 halving) stopping a trial at an early evaluation but never at the last, the median rule stopping a
 trial between folds, a study that cannot be reached not stopping the training, and every bad search
@@ -10,11 +10,10 @@ import pytest
 import yaml
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from stages.common import PipelineError
-from stages.pruning import EvaluateEvenly, EvaluationReporter, TrialLink, make_pruner, prune_at_fold, report_fold
-from tune.settings import (load_settings, objective_metric, parse_dimension, parse_enqueued, pruning_plan,
-                           storage_url, yaml_value)
+from pipeline.settings import PipelineError
 from tests.test_pipeline import REPO
+from training.pruning import EvaluateEvenly, EvaluationReporter, TrialLink, make_pruner, prune_at_fold, report_fold
+from tune.settings import load_settings, objective_metric, parse_dimension, parse_enqueued, pruning_plan, storage_url, yaml_value
 
 ARGS = TrainingArguments(output_dir="unused", report_to="none")
 

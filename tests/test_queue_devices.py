@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_experiments import (LEARNING_RATES, clone, experiments_by_name, learned, queue_logs,
-                                    wait_for_queue)
+from tests.test_experiments import LEARNING_RATES, clone, experiments_by_name, learned, queue_logs, wait_for_queue
 from tests.test_pipeline import dvc, init_pipeline_repo, stage_env
 
 GPUS = ("0", "1")  # worker k gets GPUS[k - 1]

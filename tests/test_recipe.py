@@ -1,11 +1,17 @@
 """train.dropout and train.freeze_embeddings: what they change in the model that is trained."""
 import pytest
 import torch
-from transformers import (AutoModelForSequenceClassification, BertConfig, DebertaV2Config, DistilBertConfig,
-                          ElectraConfig, ModernBertConfig, RobertaConfig)
+from transformers import (
+    AutoModelForSequenceClassification,
+    BertConfig,
+    DebertaV2Config,
+    DistilBertConfig,
+    ElectraConfig,
+    ModernBertConfig,
+    RobertaConfig,
+)
 
-from stages.models import dropout_settings
-from stages.train import load_model
+from training.models import dropout_settings, load_model
 
 TINY = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
             max_position_embeddings=64)

@@ -16,10 +16,10 @@ import pytest
 import yaml
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from stages import checkpoint
-from stages.common import PipelineError
+from pipeline.settings import PipelineError
 from tests.test_experiments import clone
 from tests.test_pipeline import REPO, dvc, init_pipeline_repo, repro, set_params, stage_env
+from training import checkpoint
 
 # checkpoints by the clock, as users have them, every 0.1 s here (a step or two of the tiny model)
 RESET_PARAMS = dict(cv__folds=[0, 1], train__epochs=6, train__effective_batch_size=16, machine__checkpoint_minutes=0.002)

@@ -2,7 +2,7 @@
 (tests/shape_data.py): text pairs, multi-label (classes joined in one column, then one 0/1 column per
 class, with several text columns joined) and regression, each with one fold (a holdout) and with three.
 Every score in metrics.json is recomputed from the files the stages wrote with scikit-learn and scipy;
-the submission's form is checked; python -m stages.predict on a new file must give the submission's
+the submission's form is checked; python -m predict on a new file must give the submission's
 rows; a new test file and a sample submission must retrain nothing.
 
 Each repo is reproduced once per fold count (module fixtures); every test sets nothing itself and reads
@@ -121,11 +121,11 @@ def metrics(folder):
 
 
 def predict(repo, rows, *args):
-    """python -m stages.predict on a new CSV of `rows` (no label columns); its output frame and result."""
+    """python -m predict on a new CSV of `rows` (no label columns); its output frame and result."""
     new = repo.parent / "new.csv"
     rows.to_csv(new, index=False)
     out = repo.parent / "predicted.csv"
-    result = subprocess.run([sys.executable, "-m", "stages.predict", str(new), "--out", str(out), *args], cwd=repo,
+    result = subprocess.run([sys.executable, "-m", "predict", str(new), "--out", str(out), *args], cwd=repo,
                             env=stage_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     return pd.read_csv(out, dtype=str, keep_default_na=False), result
@@ -321,7 +321,7 @@ def test_a_new_test_file_and_a_sample_submission_retrain_nothing(regression, tmp
 def predict_fails(repo, content, *args):
     new = repo.parent / "bad.csv"
     new.write_text(content)
-    result = subprocess.run([sys.executable, "-m", "stages.predict", str(new), "--out", str(repo.parent / "x.csv"),
+    result = subprocess.run([sys.executable, "-m", "predict", str(new), "--out", str(repo.parent / "x.csv"),
                              *args], cwd=repo, env=stage_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stdout + result.stderr
     assert not (repo.parent / "x.csv").exists()

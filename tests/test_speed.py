@@ -10,12 +10,16 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
-from stages import speed
-from stages.common import PipelineError, load_params, pack_sequences, unpack_sequences
-from stages.speed import (BF16_MIN_SPEEDUP, CountingTrainer, Throughput, choose_batch_size, cuda_fits,
-                          find_batch_size, gpu_autocast_dtype, memory_budget, precision_note)
-from stages.tokenize import auto_max_length, model_limit
-from stages.train import MACHINE_PARAMS, TRAIN_PARAMS, TokenizedDataset, make_collator, training_arguments
+from pipeline.settings import PipelineError, load_params
+from predicting.inference import make_collator
+from reading.tokens import auto_max_length, model_limit, pack_sequences, unpack_sequences
+from stages.train import MACHINE_PARAMS, TRAIN_PARAMS
+from training import precision
+from training.arguments import training_arguments
+from training.batch_size import choose_batch_size, cuda_fits, find_batch_size, memory_budget
+from training.data import TokenizedDataset
+from training.precision import BF16_MIN_SPEEDUP, gpu_autocast_dtype, precision_note
+from training.speed import CountingTrainer, Throughput
 
 WORDS = "the flight was awful and late again but the crew were great and the food was fine".split()
 
@@ -94,8 +98,8 @@ def test_length_grouping_yields_every_example_once_per_epoch(tmp_path, tokenizer
 def test_cpu_trains_in_bf16_only_where_bf16_is_faster_and_in_the_main_process(tmp_path, monkeypatch, has_bf16,
                                                                                speedup, bf16):
     # the machine's own measurement would test one row of this table only, and the same one on every run
-    monkeypatch.setattr(speed, "cpu_has_bf16", lambda: has_bf16)
-    monkeypatch.setattr(speed, "cpu_bf16_speedup", lambda: speedup)
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: has_bf16)
+    monkeypatch.setattr(precision, "cpu_bf16_speedup", lambda: speedup)
     args = training_arguments(train_params(mixed_precision=True), {**MACHINE, "loader_workers": 2}, str(tmp_path),
                               "cpu", 8, 4)
     assert args.bf16 == bf16 and not args.fp16
@@ -116,7 +120,7 @@ def test_processes_of_one_run_agree_on_the_bf16_speedup(tmp_path):
     in different precisions. Two gloo processes under torchrun must return the same ratio."""
     script = tmp_path / "measure.py"
     script.write_text("import os, pathlib, sys, torch\n"
-                      "from stages.speed import cpu_bf16_speedup\n"
+                      "from training.precision import cpu_bf16_speedup\n"
                       "torch.distributed.init_process_group('gloo')\n"
                       "ratio = cpu_bf16_speedup(size=256, burst_seconds=0.02)\n"
                       "pathlib.Path(sys.argv[1], os.environ['RANK']).write_text(repr(ratio))\n"
@@ -233,7 +237,7 @@ def test_accumulated_loss_is_the_mean_over_micro_batches(tiny_model_dir, tokeniz
     import torch
     from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, TrainingArguments
 
-    from stages.speed import CountingTrainer, Throughput
+    from training.speed import CountingTrainer, Throughput
 
     texts = ["great love", "awful hate", "meeting tuesday", "best happy"] * 4
     data = [{"input_ids": ids, "labels": i % 3} for i, ids in enumerate(tokenizer(texts)["input_ids"])]

@@ -4,8 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stages.common import PipelineError
+from pipeline.settings import PipelineError
 from stages.split import checked_fold_count, holdout_folds, kfold_folds, split_train_val
+
 
 def test_split_is_stratified_seeded_and_keeps_singletons_in_train():
     df = pd.DataFrame({"text": [f"t{i}" for i in range(101)], "label": ["a"] * 60 + ["b"] * 40 + ["c"]})

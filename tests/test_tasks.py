@@ -1,4 +1,4 @@
-"""The task shapes' pure functions (stages/tasks.py, labels.py, scores.py) and what split and tokenize
+"""The task shapes' pure functions (tasks/shapes.py, labels.py, scores.py) and what split and tokenize
 do with them; the shapes end to end are in test_shapes.py."""
 import json
 
@@ -6,13 +6,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stages.common import PipelineError
-from stages.labels import multilabel_list, read_multilabels, read_numbers
-from stages.preprocess import clean_frame, order_by_sample
-from stages.scores import best_threshold, mean_column_auc
+from pipeline.settings import PipelineError
+from reading.cleaning import clean_frame
+from reading.tokens import joined, tokenize_texts
+from stages.preprocess import order_by_sample
 from stages.split import holdout_folds, kfold_folds
-from stages.tasks import SHAPES, check_header, competition_metric, submission_frame
-from stages.tokenize import joined, tokenize_texts
+from tasks.labels import multilabel_list, read_multilabels, read_numbers
+from tasks.scores import best_threshold, mean_column_auc
+from tasks.shapes import SHAPES, check_header, competition_metric, submission_frame
 
 CLASSES = ["food", "music", "sports"]
 

@@ -1,7 +1,7 @@
 import pytest
 
-from stages.common import pack_sequences, unpack_sequences
-from stages.tokenize import label_ids, length_stats, tokenize_texts
+from reading.tokens import pack_sequences, tokenize_texts, unpack_sequences
+from stages.tokenize import label_ids, length_stats
 
 
 def test_pack_unpack_round_trip():
@@ -31,7 +31,7 @@ def test_chunked_flat_tokenizing_writes_the_bytes_of_one_list_per_text(tokenizer
     # the stage tokenizes CHUNK texts at a time into flat arrays; the file must not depend on it
     from safetensors.torch import save
 
-    from stages.tokenize import chunks, encode_flat, packed, truncate_flat
+    from reading.tokens import chunks, encode_flat, packed, truncate_flat
 
     texts = [" ".join(["word"] * (i % 23)) + f" text {i}" for i in range(50)] + ["", "long " * 40]
     labels = [i % 3 for i in range(len(texts))]
@@ -48,8 +48,8 @@ def test_chunked_flat_tokenizing_writes_the_bytes_of_one_list_per_text(tokenizer
 def test_a_processed_csv_is_tokenized_in_chunks_as_a_list_would_be(tokenizer, tmp_path, monkeypatch):
     import pandas as pd
 
+    from reading.csvfiles import write_csv
     from stages import tokenize
-    from stages.csvfiles import write_csv
 
     texts = ["a, \"quoted\" text", "two\nlines", "long " * 30, "", "NA"] * 7
     labels = ["b", "a", "b", "a", "a"] * 7

@@ -1,4 +1,4 @@
-"""Padding-free batches (stages/unpadded.py) compute what padded batches compute: the same logits,
+"""Padding-free batches (training/unpadded.py) compute what padded batches compute: the same logits,
 loss and gradients, on a tiny random BERT and on the embedded MiniLM, with texts of 1 token to
 the longest. The GPU kernel (PyTorch's varlen_attn) runs only on a GPU: there the real kernel is
 compared with the padded model; on a CPU its call is checked against its real signature."""
@@ -8,13 +8,21 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import (AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification,
-                          BertForTokenClassification, DataCollatorWithPadding, RobertaConfig,
-                          RobertaForSequenceClassification, Trainer, TrainingArguments)
+from transformers import (
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    DataCollatorWithPadding,
+    RobertaConfig,
+    RobertaForSequenceClassification,
+    Trainer,
+    TrainingArguments,
+)
 
 from bench.benchmark import time_training_steps
-from stages import unpadded
-from stages.models import resolve_model
+from training import unpadded
+from training.models import resolve_model
 
 LONG = " ".join(["the flight was awful and late again but the crew were great"] * 12)
 

@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from stages.common import PipelineError, write_json
+from pipeline.outputs import write_json
+from pipeline.settings import PipelineError
 
 FINGERPRINT = "fingerprint.json"
 STATE = "trainer_state.json"  # Trainer writes it last: a checkpoint without it is incomplete

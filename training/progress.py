@@ -1,13 +1,17 @@
-"""What the train stage prints while it trains. On a terminal, a progress bar; in a log (`dvc queue
-logs`, CI, `dvc repro > file`), where a bar's redraws would pile up, one line every 5% of the steps.
-Each evaluation is one line in both. Replaces Trainer's own printing, which writes a Python dict
-per logging step."""
+"""What the train stage prints and logs while it trains. On a terminal, a progress bar; in a log (`dvc
+queue logs`, CI, `dvc repro > file`), where a bar's redraws would pile up, one line every 5% of the
+steps. Each evaluation is one line in both. Replaces Trainer's own printing, which writes a Python dict
+per logging step. The training curves go to dvclive (LiveCallback), rebuilt from a checkpoint when a
+run resumes."""
+import json
 import time
 
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
+from transformers.integrations import DVCLiveCallback
 
-from stages.common import interactive
+from pipeline.command import interactive
+from training import checkpoint
 
 
 def duration(seconds):
@@ -70,3 +74,30 @@ class ProgressLog(TrainerCallback):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+class LiveCallback(DVCLiveCallback):
+    """dvclive's Trainer callback, stepping by optimizer step (not by log call) and timing epochs."""
+
+    def on_log(self, args, state, control, **kwargs):
+        if self.live is not None:
+            self.live.step = state.global_step
+        super().on_log(args, state, control, **kwargs)
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.epoch_start = time.perf_counter()
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.live is not None:
+            self.live.log_metric("epoch_time_s", round(time.perf_counter() - self.epoch_start, 1))
+
+
+def open_live(resume, folder):
+    """dvclive's logger for the fold's curves. DVC deletes a stage's metrics and plots before it
+    reruns it, so a resumed run rebuilds the curves up to its checkpoint from the checkpoint."""
+    from dvclive import Live  # here, not at the top: the benchmark imports this module where dvclive is not
+
+    live = Live(dir=str(folder), dvcyaml=None, save_dvc_exp=False)
+    if resume:
+        checkpoint.replay_logs(live, json.loads((resume / checkpoint.STATE).read_text())["log_history"])
+    return live

@@ -3,7 +3,7 @@
 Reads the tune section of params.yaml (the study, the objective, the pruner, the search space); each
 trial is `dvc exp run --temp -n <study>-<number> -S key=value ...`, so stages a trial does not change
 are restored from DVC's cache, and `dvc exp show` lists every completed trial with its params and
-metrics. Optuna's TPE suggests the values; a pruner stops hopeless trials early (stages/pruning.py).
+metrics. Optuna's TPE suggests the values; a pruner stops hopeless trials early (training/pruning.py).
 The study lives in an Optuna storage: tuning/studies.db by default, or a PostgreSQL database shared by
 workers on several machines. Running the command again resumes the study.
 
@@ -19,12 +19,22 @@ import sys
 import time
 from pathlib import Path
 
-from stages.common import PipelineError, load_params, run_main
-from stages.progress import duration
-from stages.pruning import TrialLink
+from pipeline.command import run_main
+from pipeline.settings import PipelineError, load_params
+from training.progress import duration
+from training.pruning import TrialLink
 from tune import trials as trial_runs
-from tune.settings import (TUNING, evaluated_metric, finite, load_settings, objective_direction, objective_metric,
-                           parse_enqueued, pruning_plan, storage_url)
+from tune.settings import (
+    TUNING,
+    evaluated_metric,
+    finite,
+    load_settings,
+    objective_direction,
+    objective_metric,
+    parse_enqueued,
+    pruning_plan,
+    storage_url,
+)
 from tune.study import check_experiment_names, create_study, enqueue_first, open_storage, scrub
 
 MAX_FAILURES_IN_A_ROW = 3

@@ -5,7 +5,8 @@ import argparse
 import subprocess
 import sys
 
-from stages.common import PipelineError, run_main
+from pipeline.command import run_main
+from pipeline.settings import PipelineError
 from tune.study import add_study_options, open_existing, ranked, study_facts, trial_rows
 
 

@@ -21,9 +21,12 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from stages import folds
-from stages.common import PipelineError, atomic_dir, run_main, write_json
-from stages.evaluate import classification_metrics, combine_out_of_fold, mean_test_probabilities
+from pipeline.command import run_main
+from pipeline.outputs import atomic_dir, write_json
+from pipeline.settings import PipelineError
+from predicting import folds
+from predicting.ensemble import combine_out_of_fold, mean_test_probabilities
+from tasks.scores import classification_metrics
 from tune.best import local_experiments
 from tune.settings import TUNING
 from tune.study import add_study_options, open_existing, ranked, study_facts, trial_rows

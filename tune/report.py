@@ -8,7 +8,7 @@ import os
 import sys
 import warnings
 
-from stages.common import run_main
+from pipeline.command import run_main
 from tune.settings import TUNING
 from tune.show import summary, table
 from tune.study import add_study_options, open_existing, ranked, study_facts, trial_rows

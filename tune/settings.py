@@ -10,10 +10,11 @@ from pathlib import Path
 
 import yaml
 
-from stages.common import PARAMS_FILE, SEEDS, PipelineError, Range, check_kind, load_params, redact
-from stages.pruning import PRUNERS
-from stages.scores import LOWER_IS_BETTER
-from stages.tasks import SHAPES, headline, task_params
+from pipeline.command import redact
+from pipeline.settings import PARAMS_FILE, SEEDS, PipelineError, Range, check_kind, load_params
+from tasks.scores import LOWER_IS_BETTER
+from tasks.shapes import SHAPES, headline, task_params
+from training.pruning import PRUNERS
 
 TUNING = Path("tuning")  # the studies' database, trial logs, reports and blends; ignored by git and DVC
 DEFAULT_STORAGE = TUNING / "studies.db"
@@ -23,14 +24,14 @@ TUNE_PARAMS = {"study": (str,), "trials": (int, Range(1)), "metric": (str,), "di
                "heartbeat": (int, Range(1, 3600)), "storage": (str, None), "space": (dict,)}
 STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # it names experiments: a git ref's rules
 # where each params.yaml section's checks live (module:name), imported only for the sections searched
-SECTION_SPECS = {"preprocess": "stages.preprocess:PREPROCESS_PARAMS", "model": "stages.models:MODEL_PARAMS",
+SECTION_SPECS = {"preprocess": "stages.preprocess:PREPROCESS_PARAMS", "model": "training.models:MODEL_PARAMS",
                  "tokenize": "stages.tokenize:TOKENIZE_PARAMS", "split": "stages.split:SPLIT_PARAMS",
                  "train": "stages.train:TRAIN_PARAMS"}
 # not searchable: what the data is (fetch), what the score means (cv.folds), the study itself
 NOT_SEARCHED = {"fetch": "it changes the data", "cv": "it changes what the score means",
                 "task": "it changes what the score means", "tune": "it is the study"}
 # the validation scores the train stage computes at each evaluation (pruning reports one of them), per
-# task shape (stages/tasks.py)
+# task shape (tasks/shapes.py)
 EVALUATED = SHAPES["classification"].evaluated
 
 

@@ -3,8 +3,8 @@ training steps pruning saved. `--top N` shows the N best; python -m tune prints 
 import argparse
 import sys
 
-from stages.common import run_main
-from stages.progress import duration
+from pipeline.command import run_main
+from training.progress import duration
 from tune.study import add_study_options, open_existing, ranked, steps_saved, study_facts, trial_rows
 
 

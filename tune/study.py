@@ -6,8 +6,9 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from stages.common import PipelineError, redact
-from stages.pruning import engine_kwargs, make_pruner
+from pipeline.command import redact
+from pipeline.settings import PipelineError
+from training.pruning import engine_kwargs, make_pruner
 from tune.settings import current_values
 
 
@@ -196,7 +197,7 @@ def open_existing(args):
     """The study that --study/--storage (or params.yaml's tune section) name, for reading."""
     import optuna
 
-    from stages.common import load_params
+    from pipeline.settings import load_params
     from tune.settings import storage_url
 
     tune = load_params("tune")

@@ -12,8 +12,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from stages.checkpoint import CHECKPOINTS_ENV
-from stages.pruning import TRIAL_ENV
+from training.checkpoint import CHECKPOINTS_ENV
+from training.pruning import TRIAL_ENV
 from tune.settings import TUNING, yaml_value
 
 METRICS = "reports/evaluate/metrics.json"
