@@ -44,7 +44,8 @@ def build_pipeline_repo(root, tokenizer):
     repo.mkdir()
     for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):
         shutil.copy(REPO / name, repo / name)
-    shutil.copytree(REPO / "stages", repo / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("stages", "pipeline", "fetching", "reading", "tasks", "training", "predicting"):  # what dvc.yaml runs
+        shutil.copytree(REPO / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["model"]["name"] = str(model_dir)
     params["train"]["effective_batch_size"] = 512

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_pipeline import REPO, dvc, run
+from tests.test_pipeline import CODE_FOLDERS, REPO, dvc, run
 
 QUEUE_TIMEOUT = 900  # seconds for both queued runs (each runs all five stages)
 # both learn the tiny task with margin (tests.test_pipeline.TINY_PARAMS: by epoch 3 of 10 for 8 seeds each),
@@ -145,7 +145,8 @@ def test_everything_the_pipeline_reads_is_tracked_by_git():
     committed and not ignored, or `dvc exp run --queue` fails in a clean checkout."""
     stages = resolved_stages(REPO)
     written = {path for stage in stages.values() for path in stage["outs"]}
-    needed = {"dvc.yaml", "params.yaml", *(str(p.relative_to(REPO)) for p in (REPO / "stages").rglob("*.py"))}
+    needed = {"dvc.yaml", "params.yaml", *(str(p.relative_to(REPO)) for folder in CODE_FOLDERS
+                                            for p in (REPO / folder).rglob("*.py"))}
     for stage in stages.values():
         # a dep written by a stage, or a folder of stages' outputs (evaluate's predictions/), comes from dvc
         needed |= {dep for dep in stage["deps"] if not any(under(dep, out) or under(out, dep) for out in written)}

@@ -29,7 +29,9 @@ TINY_PARAMS = dict(preprocess__id_column="id", train__epochs=10, train__batch_si
 PIPELINE_PARAMS = dict(TINY_PARAMS, train__mixed_precision=False, train__unpadded=False,
                        train__dropout=0.0, train__compile=False, tokenize__max_length="auto",
                        split__val_size=0.1, preprocess__replace_mentions=True)
-PROJECT_FILES = ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore")
+PROJECT_FILES = ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore", "predict.py")
+# the stages, the shared code they import, and the tools beside them (tests/test_layout.py: LIBRARY)
+CODE_FOLDERS = ("stages", "pipeline", "fetching", "reading", "tasks", "training", "predicting", "tune")
 
 
 def stage_env():
@@ -81,7 +83,7 @@ def init_pipeline_repo(repo, data_dir, model_dir, **params):
     repo.mkdir(parents=True, exist_ok=True)
     for name in PROJECT_FILES:
         shutil.copy(REPO / name, repo / name)
-    for package in ("stages", "tune"):
+    for package in CODE_FOLDERS:
         shutil.copytree(REPO / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
     set_params(repo, fetch__source=str(data_dir), model__name=str(model_dir), **{**TINY_PARAMS, **params})
     run(["git", "init", "-q", "-b", "main"], repo)

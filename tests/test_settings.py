@@ -1,3 +1,4 @@
+"""pipeline/: params checked by kind and Range (load_params), and folders published atomically (atomic_dir)."""
 import os
 
 import pytest
