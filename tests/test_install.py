@@ -35,6 +35,18 @@ def metadata_wheel(folder, name, version, metadata):
     return path
 
 
+def metadata_text(dist):
+    """A distribution's core metadata as METADATA holds it, whatever installed it: a .dist-info's
+    METADATA, or an .egg-info's PKG-INFO (what an old pip's `setup.py install` of an sdist leaves,
+    e.g. antlr4-python3-runtime 4.9.3, which dvc's hydra needs), whose requirements live apart in
+    requires.txt; importlib.metadata reads both."""
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO")
+    if dist.requires and not dist.metadata.get_all("Requires-Dist"):
+        headers, blank, body = text.partition("\n\n")
+        text = headers.rstrip("\n") + "".join(f"\nRequires-Dist: {r}" for r in dist.requires) + "\n" + blank + body
+    return text
+
+
 def with_version(metadata, version):
     return re.sub(r"(?m)^Version: .*$", f"Version: {version}", metadata, count=1)
 
@@ -48,11 +60,11 @@ def test_installing_the_requirements_keeps_an_installed_torch_older_than_the_ind
     index.mkdir()
     for dist in importlib.metadata.distributions():
         if canonicalize_name(dist.metadata["Name"]) != "pip":
-            metadata_wheel(index, dist.metadata["Name"], dist.version, dist.read_text("METADATA"))
+            metadata_wheel(index, dist.metadata["Name"], dist.version, metadata_text(dist))
     torch = importlib.metadata.distribution("torch")
     installed = Version(torch.version)
     newer = f"{installed.major}.{installed.minor + 1}.0"
-    metadata_wheel(index, "torch", newer, with_version(torch.read_text("METADATA"), newer))
+    metadata_wheel(index, "torch", newer, with_version(metadata_text(torch), newer))
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
@@ -61,7 +73,7 @@ def test_installing_the_requirements_keeps_an_installed_torch_older_than_the_ind
                           capture_output=True, text=True, check=True).stdout.strip()
     info = Path(site) / f"torch-{torch.version}.dist-info"  # installed, as pip records it; no code needed
     info.mkdir()
-    (info / "METADATA").write_text(torch.read_text("METADATA"))
+    (info / "METADATA").write_text(metadata_text(torch))
     (info / "INSTALLER").write_text("pip\n")
     (info / "RECORD").write_text("")
 

@@ -76,6 +76,16 @@ def set_params(cwd, **changes):
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
+def project_gitignore():
+    """The project's .gitignore without the lines `dvc repro` adds there for the pipeline's top-level
+    outputs (/submission): the same whether or not the README's quick start ran in this clone first."""
+    outs = [out if isinstance(out, str) else next(iter(out))
+            for stage in yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].values() for out in stage.get("outs", [])]
+    outputs = {f"/{out}" for out in outs if "/" not in out}
+    lines = (REPO / ".gitignore").read_text().splitlines()
+    return "".join(f"{line}\n" for line in lines if line.strip() not in outputs)
+
+
 def init_pipeline_repo(repo, data_dir, model_dir, **params):
     """A git + DVC repo at repo holding this project's pipeline, pointed at the tiny data and
     model, committed and not yet run. Local git identity, so `dvc exp` can commit in CI."""
@@ -83,6 +93,7 @@ def init_pipeline_repo(repo, data_dir, model_dir, **params):
     repo.mkdir(parents=True, exist_ok=True)
     for name in PROJECT_FILES:
         shutil.copy(REPO / name, repo / name)
+    (repo / ".gitignore").write_text(project_gitignore())
     for package in CODE_FOLDERS:
         shutil.copytree(REPO / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
     set_params(repo, fetch__source=str(data_dir), model__name=str(model_dir), **{**TINY_PARAMS, **params})
