@@ -7,6 +7,7 @@ process, was nearly all of a case's time (110 s for the table)."""
 import importlib
 import multiprocessing
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from pipeline.settings import PipelineError, check_kind, describe
 
 REPO = Path(__file__).resolve().parents[1]
 NOT_A_BOOL = "maybe"
@@ -136,3 +139,137 @@ def test_the_error_says_what_is_allowed(tmp_path):
     assert run_stage_with(tmp_path, "train.batch_size", 7).stderr == (
         "error: params.yaml: train.batch_size 7 does not divide the 32 examples each process takes per "
         "optimizer step (train.effective_batch_size / train.num_processes): use auto or one of 1, 2, 4, 8, 16, 32\n")
+
+
+# ---- what the [brackets] of params.yaml say, against the checks ---------------------------------
+
+NUMBER = r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
+
+
+def specs():
+    """{section.key: the kinds load_params checks it against}, from the modules that check each section."""
+    from stages.fetch import FETCH_PARAMS
+    from stages.preprocess import PREPROCESS_PARAMS
+    from stages.split import CV_PARAMS, SPLIT_PARAMS
+    from stages.tokenize import TOKENIZE_PARAMS
+    from stages.train import MACHINE_PARAMS, TRAIN_PARAMS
+    from tasks.shapes import TASK_PARAMS
+    from training.models import MODEL_PARAMS
+    from tune.settings import TUNE_PARAMS
+
+    sections = {"fetch": FETCH_PARAMS, "task": TASK_PARAMS, "preprocess": PREPROCESS_PARAMS, "model": MODEL_PARAMS,
+                "tokenize": TOKENIZE_PARAMS, "cv": CV_PARAMS, "split": SPLIT_PARAMS, "train": TRAIN_PARAMS,
+                "machine": MACHINE_PARAMS, "tune": TUNE_PARAMS}
+    return {f"{section}.{key}": kinds for section, spec in sections.items() for key, kinds in spec.items()}
+
+
+def balanced(text):
+    """The [bracketed] text that `text` starts with (brackets inside it kept), without the outer pair."""
+    depth = 0
+    for i, c in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(c, 0)
+        if depth == 0:
+            return text[1:i]
+    raise AssertionError(f"an unclosed bracket: {text!r}")
+
+
+def brackets(path=REPO / "params.yaml"):
+    """{section.key: its [brackets]' text or None}: the key's own comment when it starts with "[", else
+    the comment lines above it from the one that starts with "# [" (lines joined by spaces)."""
+    found, section, block = {}, None, []
+    for line in path.read_text().splitlines():
+        if re.match(r"^\w+:", line):
+            section, block = line.split(":")[0], []
+        elif re.match(r"^  #", line):
+            block.append(line.strip()[1:].strip())
+        elif key := re.match(r"^  (\w+):", line):
+            inline = line.split(" # ", 1)[1].strip() if " # " in line else ""
+            starts = [i for i, text in enumerate(block) if text.startswith("[")]
+            text = inline if inline.startswith("[") else " ".join(block[starts[0]:]) if starts else ""
+            found[f"{section}.{key.group(1)}"] = balanced(text) if text else None
+            block = []
+    return found
+
+
+def accepts(value, kinds):
+    try:
+        check_kind(value, kinds, "key")
+        return True
+    except PipelineError:
+        return False
+
+
+def numeric_bounds(text):
+    """(low, low_open, high, high_open) that a bracket's text states before any ';' (None: not stated)."""
+    text = text.split(";")[0]
+    low = high = None
+    low_open = high_open = False
+    if m := re.search(rf"\babove ({NUMBER})", text):
+        low, low_open = float(m[1]), True
+    if m := re.search(rf"\b(?:at least ({NUMBER})|({NUMBER}) or more)", text):
+        low = float(m[1] or m[2])
+    if m := re.search(rf"\bat most ({NUMBER})", text):
+        high = float(m[1])
+    if m := re.search(rf"(?<!to )\bbelow ({NUMBER})", text):
+        high, high_open = float(m[1]), True
+    if m := re.search(rf"(?<![\w-])({NUMBER}) to (below )?({NUMBER}\b)?", text):
+        low = float(m[1])
+        if m[3]:
+            high, high_open = float(m[3]), bool(m[2])
+    return low, low_open, high, high_open
+
+
+def test_numeric_bounds_read_the_brackets_words():
+    assert numeric_bounds("0 to 1") == (0, False, 1, False)
+    assert numeric_bounds("above 0, at most 100") == (0, True, 100, False)
+    assert numeric_bounds("model, or 0 to below 1") == (0, False, 1, True)
+    assert numeric_bounds("above 0, below 1") == (0, True, 1, True)
+    assert numeric_bounds("null, or 1 or more") == (1, False, None, False)
+    assert numeric_bounds("auto, or 2 to the model's limit (512 for BERT)") == (2, False, None, False)
+    assert numeric_bounds("1 or more; on GPUs at most their number") == (1, False, None, False)
+    assert numeric_bounds("true/false") == (None, False, None, False)
+
+
+def bracket_disagreements(key, text, kinds):
+    """What `text`, a key's [brackets], says that load_params' check (`kinds`) does not do."""
+    wrong = []
+    words = {"null": None, "true": True, "false": False}
+    if (text == "true/false") != (kinds == (bool,)):
+        wrong.append(f"says [{text}], checked as {describe(kinds)}")
+    for literal in (k for k in kinds if isinstance(k, str)):
+        if not re.search(rf"(?<![\w.]){re.escape(literal)}(?![\w.])", text):
+            wrong.append(f"[{text}] does not name {literal!r}, which is allowed")
+    if None in kinds and "null" not in text:
+        wrong.append(f"[{text}] does not say null, which is allowed")
+    items = [item.strip() for item in re.split(r",|;| or (?!more)", text)]
+    for item in items:
+        if re.fullmatch(r"[a-z][a-z0-9_]*", item) and not accepts(words.get(item, item), kinds):
+            wrong.append(f"[{text}] names {item!r}, which is refused")
+    numeric = [k for k in kinds if k in (int, float)]
+    if not numeric or list in kinds:
+        return wrong
+    step = 1 if numeric == [int] else 1e-6
+    low, low_open, high, high_open = numeric_bounds(text)
+    probes = []  # (value, accepted by what the bracket says)
+    if low is not None:
+        probes += [(low, not low_open), (low - step, False), (low + step, True)]
+        if high is None:
+            probes.append((low + 10**6, True))
+    if high is not None:
+        probes += [(high, not high_open), (high + step, False), (high - step, True), (high + 0.5 if step < 1 else high + 1, False)]
+    for value, allowed in probes:
+        value = int(value) if numeric == [int] else value
+        if accepts(value, kinds) != allowed:
+            wrong.append(f"[{text}] {'allows' if allowed else 'refuses'} {value!r}, the check {'refuses' if allowed else 'allows'} it")
+    return wrong
+
+
+def test_every_key_says_in_brackets_what_its_check_allows():
+    """Each key's [brackets] in params.yaml against the kinds and Range load_params checks it with: a
+    [0 to 1] key takes 0 and 1 and refuses -1e-6 and 1.5, [above 0] refuses 0, [true/false] is a switch,
+    a word it names is taken, a word it allows (auto, null) is named."""
+    found, checked = brackets(), specs()
+    assert set(found) == set(checked) == params_keys()
+    assert [key for key, text in found.items() if text is None] == [], "keys without [brackets] in params.yaml"
+    wrong = {key: problems for key, text in found.items() if (problems := bracket_disagreements(key, text, checked[key]))}
+    assert wrong == {}
