@@ -92,7 +92,8 @@ class TrialLink:
 
         try:
             storage = optuna.storages.RDBStorage(self.storage, engine_kwargs=engine_kwargs(self.storage))
-            study = optuna.load_study(study_name=self.study, storage=storage, pruner=make_pruner(self.pruner, self.startup))
+            study = optuna.load_study(study_name=self.study, storage=storage,
+                                      pruner=make_pruner(self.pruner, self.startup))
             return optuna.trial.Trial(study, self.trial_id)
         except Exception as e:  # a database down, a network gone: the training goes on unpruned
             print(f"tune: cannot reach study {self.study!r} ({type(e).__name__}); trial {self.number} "
