@@ -46,7 +46,7 @@ BAD_VALUES = {
     "train.num_processes": [0], "train.dropout": [1, -0.1, "none"],
     "train.evaluations": [0, "epochs"],
     "tune.study": ["a/b", 5], "tune.trials": [0], "tune.metric": ["val.f2", 5], "tune.direction": ["up"],
-    "tune.seed": [-1], "tune.pruner": ["always"], "tune.evaluations": [0], "tune.heartbeat": [0, 3601],
+    "tune.seed": [-1], "tune.pruner": ["always"], "tune.pruner_startup": [-1, 101, 1.5], "tune.evaluations": [0], "tune.heartbeat": [0, 3601],
     "tune.storage": [5, "postgresql://tuner:hunter2@db/studies"],
     "tune.space": [{}, {"train.nope": {"low": 1, "high": 2}}, {"train.lr": {"low": 0.1, "high": 0.01}}],
     **{key: [NOT_A_BOOL] for key in BOOLEANS},

@@ -34,14 +34,14 @@ def test_evaluations_fall_evenly_and_the_last_at_the_end(n, max_steps):
     assert evaluation_steps(n, max_steps) == [math.ceil(k * max_steps / n) for k in range(1, n + 1)]
 
 
-def new_study(tmp_path, pruner, name="s"):
+def new_study(tmp_path, pruner, name="s", startup=0):
     url = f"sqlite:///{tmp_path / 'studies.db'}"
-    study = optuna.create_study(study_name=name, storage=url, pruner=make_pruner(pruner), direction="maximize")
+    study = optuna.create_study(study_name=name, storage=url, pruner=make_pruner(pruner, startup), direction="maximize")
     return study, url
 
 
-def link_for(trial, url, by, pruner):
-    return TrialLink(url, "s", trial._trial_id, trial.number, "f1_macro", by, pruner)
+def link_for(trial, url, by, pruner, startup=0):
+    return TrialLink(url, "s", trial._trial_id, trial.number, "f1_macro", by, pruner, startup)
 
 
 def evaluate(reporter, score, step, max_steps):
@@ -52,11 +52,11 @@ def evaluate(reporter, score, step, max_steps):
     return control
 
 
-def run_trial(study, url, scores, max_steps=30, pruner="halving"):
+def run_trial(study, url, scores, max_steps=30, pruner="halving", startup=0):
     """A trial of 3 evaluations reporting `scores` in turn through EvaluationReporter, as the train stage
     would; told complete unless it was pruned. Returns (reporter, trial)."""
     trial = study.ask()
-    reporter = EvaluationReporter(link_for(trial, url, "evaluation", pruner), 3)
+    reporter = EvaluationReporter(link_for(trial, url, "evaluation", pruner, startup), 3)
     for k, score in enumerate(scores, start=1):
         control = evaluate(reporter, score, k * max_steps // 3, max_steps)
         if control.should_training_stop:
@@ -79,6 +79,33 @@ def test_halving_stops_a_trial_worse_at_the_first_evaluation(tmp_path):
     assert not better.pruned and trial.state.name == "COMPLETE" and trial.user_attrs["steps fold 0"] == [30, 30]
 
 
+@pytest.mark.parametrize("pruner", ["halving", "median"])
+def test_no_trial_is_pruned_until_the_start_up_trials_have_reported_there(tmp_path, pruner):
+    study, url = new_study(tmp_path, pruner, startup=2)
+    first, _ = run_trial(study, url, [0.6, 0.8, 0.9], pruner=pruner, startup=2)
+    second, trial = run_trial(study, url, [0.3, 0.5, 0.7], pruner=pruner, startup=2)
+    # judged against the first trial alone it would stop (as with a start-up of 0, test above): not yet
+    assert not first.pruned and not second.pruned and trial.state.name == "COMPLETE"
+    assert list(trial.intermediate_values) == [1, 2, 3]
+    third, trial = run_trial(study, url, [0.2, 0.9, 0.95], pruner=pruner, startup=2)
+    assert third.pruned == 1 and trial.user_attrs["pruned_at"] == "evaluation 1 of 3"  # two trials scored there
+
+
+def test_the_start_up_counts_pruned_trials_that_reported_at_that_fold(tmp_path):
+    study, url = new_study(tmp_path, "median", startup=2)
+    for scores in ([0.9, 0.88, 0.91], [0.85]):  # the second trial was pruned after its fold 0
+        trial = study.ask()
+        link = link_for(trial, url, "fold", "median", startup=2)
+        for fold, score in enumerate(scores):
+            report_fold(link, fold, score, steps=40)
+        study.tell(trial, scores[-1] if len(scores) == 3 else None,
+                   state=optuna.trial.TrialState.COMPLETE if len(scores) == 3 else optuna.trial.TrialState.PRUNED)
+    trial = study.ask()
+    link = link_for(trial, url, "fold", "median", startup=2)
+    report_fold(link, 0, 0.2, steps=40)
+    assert prune_at_fold(link, 1)  # two trials reported a fold 0 before it, one of them pruned
+
+
 def test_no_trial_is_pruned_at_its_last_evaluation(tmp_path):
     study, url = new_study(tmp_path, "halving")
     run_trial(study, url, [0.9, 0.9, 0.9])
@@ -90,21 +117,23 @@ def test_no_trial_is_pruned_at_its_last_evaluation(tmp_path):
 
 
 def test_the_median_rule_stops_a_trial_between_folds(tmp_path):
-    study, url = new_study(tmp_path, "median")
+    study, url = new_study(tmp_path, "median", startup=2)
     for fold_scores in ([0.9, 0.88, 0.91], [0.85, 0.86, 0.84]):
         trial = study.ask()
-        link = link_for(trial, url, "fold", "median")
+        link = link_for(trial, url, "fold", "median", startup=2)
         for fold, score in enumerate(fold_scores):
             assert not prune_at_fold(link, fold)
             report_fold(link, fold, score, steps=40)
         study.tell(trial, sum(fold_scores) / 3)
     trial = study.ask()
-    link = link_for(trial, url, "fold", "median")
+    link = link_for(trial, url, "fold", "median", startup=2)
     assert not prune_at_fold(link, 0)  # nothing reported yet: fold 0 always starts
     report_fold(link, 0, 0.2, steps=40)
     assert prune_at_fold(link, 1)
     frozen = study.trials[trial.number]
     assert frozen.user_attrs["pruned_at"] == "fold 1" and frozen.user_attrs["steps fold 0"] == [40, 40]
+    # each fold's score at its own step: the median compares fold k with the other trials' fold k
+    assert study.trials[0].intermediate_values == {0: 0.9, 1: 0.88, 2: 0.91}
 
 
 def test_a_study_out_of_reach_lets_the_training_run_to_its_end(tmp_path, capsys):
@@ -201,3 +230,35 @@ def test_the_default_space_is_valid():
     assert set(space) == {"train.lr", "train.epochs", "train.warmup_ratio", "train.weight_decay",
                           "train.effective_batch_size", "train.dropout"}
     assert folds == 1 and settings["pruner"] == "auto"
+
+
+@pytest.mark.parametrize("metric, kind, lowest_wins", [("val.rmse", "regression", True), ("oof.mae", "regression", True),
+                                                      ("cv.log_loss_mean", "classification", True),
+                                                      ("val.f1_macro", "classification", False)])
+def test_a_study_of_an_error_minimizes_it_and_its_best_trial_has_the_lowest(tmp_path, metric, kind, lowest_wins):
+    from tune.best import best_row
+    from tune.settings import objective_direction
+    from tune.study import create_study, open_storage
+
+    direction = objective_direction("auto", metric)
+    settings = {"study": "s", "seed": 0, "trials": 3, "direction": direction, "pruner_startup": 2}
+    folds = 1 if metric.startswith("val") else 3
+    study, _ = create_study(open_storage(f"sqlite:///{tmp_path / 'studies.db'}"), settings, metric, "none",
+                            "evaluation", folds)
+    values = [0.7, 0.4, 0.9]
+    for value in values:
+        trial = study.ask()
+        study.tell(trial, value)
+    expected = min(values) if lowest_wins else max(values)
+    assert study.best_trial.value == expected
+    assert best_row(study)[0].value == expected  # python -m tune.best, and the tables, rank it first too
+
+
+@pytest.mark.parametrize("direction", ["maximize", "minimize"])
+def test_the_tuners_first_line_says_how_far_the_study_is_either_way(direction):
+    from tune.__main__ import opening_line
+
+    line = opening_line("s", "sqlite:////x/studies.db", 2, 5, direction, "val.rmse", "halving", "evaluation")
+    verb = "maximizing" if direction == "maximize" else "minimizing"
+    assert line == f"study 's' in sqlite:////x/studies.db: 2 of 5 trials done; {verb} val.rmse; pruner halving (by evaluation)"
+    assert opening_line("s", "u", 0, 1, direction, "m", "none", "fold").endswith(f"{verb} m; no pruning")

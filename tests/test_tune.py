@@ -21,7 +21,7 @@ from sklearn.metrics import f1_score
 
 from tests.servers import free_port, postgres_server, require_module
 from tests.test_experiments import clone, experiments_by_name
-from tests.test_pipeline import commit_all, dvc, init_pipeline_repo, repro, run, stage_env
+from tests.test_pipeline import REPO, commit_all, dvc, init_pipeline_repo, repro, run, stage_env
 from tests.test_plots import CHROMIUM_FLAGS, RENDER_TIMEOUT_MS, chromium_path
 from tune.settings import yaml_value
 
@@ -231,6 +231,13 @@ def test_three_folds_a_hopeless_trial_stops_before_its_second_fold(tmp_path, tin
     assert "Stage 'train@0' is cached" in replay.stdout and "Running stage 'train@0'" not in replay.stdout, replay.stdout
 
 
+@pytest.fixture(scope="module")
+def pg():
+    """One PostgreSQL server for this module's tests, each with studies of its own names."""
+    with postgres_server() as server:
+        yield server
+
+
 def tuner_process(repo, *args, env=None):
     environ = dict(stage_env(), **(env or {}))
     return subprocess.Popen([sys.executable, "-m", "tune", *args], cwd=repo, env=environ, stdout=subprocess.PIPE,
@@ -298,23 +305,23 @@ def log_text(repo, number):
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def test_two_workers_in_two_clones_share_one_postgres_study(tmp_path, tiny_data_dir, tiny_model_dir):
+def test_two_workers_in_two_clones_share_one_postgres_study(tmp_path, tiny_data_dir, tiny_model_dir, pg):
     origin = tune_repo(tmp_path / "origin", tiny_data_dir, tiny_model_dir, trials=3)
     dvc("remote", "add", "-d", "shared", str(tmp_path / "dvc-remote"), cwd=origin)
     commit_all(origin, "a shared DVC remote")
     workers = [clone(origin, tmp_path / f"worker{k}") for k in (1, 2)]
-    with postgres_server() as pg:
-        env = {"TUNE_STORAGE": pg.url()}  # the password stays out of argv and params.yaml
-        running = [tuner_process(w, "--push", "origin", env=env) for w in workers]
-        outputs = [p.communicate(timeout=1200)[0] for p in running]
-        assert all(p.returncode == 0 for p in running), outputs
-        trials = study_trials(origin, url=pg.url())
-        third = clone(origin, tmp_path / "third")
-        best_out = tune(third, "--apply", "--pull", "origin", module="tune.best", env=env).stdout
+    env = {"TUNE_STORAGE": pg.url()}  # the password stays out of argv and params.yaml
+    running = [tuner_process(w, "--push", "origin", env=env) for w in workers]
+    outputs = [p.communicate(timeout=1200)[0] for p in running]
+    assert all(p.returncode == 0 for p in running), outputs
+    trials = study_trials(origin, url=pg.url())
+    third = clone(origin, tmp_path / "third")
+    best_out = tune(third, "--apply", "--pull", "origin", module="tune.best", env=env).stdout
     done = finished(trials)
-    assert len(done) >= 3, [t.state for t in trials]
+    assert len(done) == 3, [t.state for t in trials]  # the budget, every worker together: not one more
+    started = [t for t in trials if not t.user_attrs.get("over_budget")]
     numbers = [int(n) for out in outputs for n in re.findall(r"^trial (\d+) \(", out, re.M)]
-    assert sorted(numbers) == sorted(set(numbers)) and len(numbers) == len(trials), outputs
+    assert sorted(numbers) == sorted(set(numbers)) and len(numbers) == len(started), outputs
     params = [tuple(sorted(t.params.items())) for t in done]
     assert len(params) == len(set(params)), params  # no parameter set ran twice
     assert all(re.findall(r"^trial \d+ \(", out, re.M) for out in outputs), "a worker ran no trial"
@@ -328,6 +335,83 @@ def test_two_workers_in_two_clones_share_one_postgres_study(tmp_path, tiny_data_
         assert pg.password not in text
 
 
+# a worker of a study whose trials take a moment and do no training: every third fails, every fourth is
+# pruned; it prints the numbers of the trials it ran
+BUDGET_WORKER = """
+import sys, time
+import optuna
+from tune import budget
+
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+study = optuna.load_study(study_name="b", storage=sys.argv[1])
+ran = []
+
+def objective(trial):
+    ran.append(trial.number)
+    x = trial.suggest_float("x", 0, 1)
+    time.sleep(0.3)
+    if trial.number % 3 == 2:
+        raise ValueError("a failed trial")
+    if trial.number % 4 == 3:
+        raise optuna.TrialPruned()
+    return x
+
+budget.optimize(study, objective, int(sys.argv[2]), catch=(ValueError,))
+print(*ran)
+"""
+
+
+def test_three_workers_sharing_a_postgres_study_finish_exactly_its_trials(pg):
+    import optuna
+
+    url = pg.url().replace("postgresql://", "postgresql+psycopg://")
+    optuna.create_study(study_name="b", storage=url)
+    workers = [subprocess.Popen([sys.executable, "-c", BUDGET_WORKER, url, "5"], cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outputs = [w.communicate(timeout=300) for w in workers]
+    assert all(w.returncode == 0 for w in workers), outputs
+    trials = optuna.load_study(study_name="b", storage=url).get_trials(deepcopy=False)
+    # counting the finished trials alone (MaxTrialsCallback), the workers finished 6 of 5 here
+    assert len(finished(trials)) == 5, [(t.number, t.state.name) for t in trials]
+    assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
+    ran = [int(n) for out, _ in outputs for n in out.split()]
+    assert len(ran) == len(set(ran))  # no trial ran in two workers
+    assert any(t.state.name == "FAIL" and not t.user_attrs.get("over_budget") for t in trials)  # failures ran
+    assert any(t.state.name == "PRUNED" for t in trials)  # and did not count; pruned ones did
+
+
+def test_a_trial_over_the_budget_is_given_back_and_a_stale_one_frees_its_slot(tmp_path):
+    import optuna
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+    from optuna.trial import TrialState
+
+    from tune import budget
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'b.db'}", heartbeat_interval=1, grace_period=1,
+                                         heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
+    study = optuna.create_study(study_name="b", storage=storage)
+    first = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    study.enqueue_trial({"x": 0.25}, user_attrs={"enqueued": True})
+    second = study.ask()  # asked while the first runs, with a budget of 1: the queued params come back
+    assert study.trials[second.number].system_attrs["fixed_params"] == {"x": 0.25}
+    assert budget.within(study, first._trial_id, 1) and not budget.within(study, second._trial_id, 1)
+    budget.give_back(study, second._trial_id)
+    study.tell(second, state=TrialState.FAIL)
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert [(t.params or t.system_attrs["fixed_params"], t.user_attrs) for t in waiting] == \
+        [({"x": 0.25}, {"enqueued": True})]
+    assert budget.used(study) == 1
+    # the first trial's worker dies: no heartbeat after the first; once stale it is failed and retried
+    storage.record_heartbeat(first._trial_id)
+    time.sleep(2.5)
+    assert budget.used(study) == 0
+    states = [t.state for t in study.get_trials()]
+    assert states == [TrialState.FAIL, TrialState.FAIL, TrialState.WAITING, TrialState.WAITING], states
+    third = study.ask()  # the queued params, within the budget now
+    assert study.trials[third.number].system_attrs["fixed_params"] == {"x": 0.25}
+    assert budget.within(study, third._trial_id, 1)
+
+
 def test_bad_settings_stop_before_any_trial_in_one_line(tmp_path, tiny_data_dir, tiny_model_dir):
     repo = tune_repo(tmp_path / "repo", tiny_data_dir, tiny_model_dir,
                      tune__space={"train.weight_decay": {"low": 0, "high": 0.1, "log": True}})
@@ -338,10 +422,9 @@ def test_bad_settings_stop_before_any_trial_in_one_line(tmp_path, tiny_data_dir,
     assert not (repo / "tuning").exists()
 
 
-def test_a_wrong_password_or_no_server_is_one_line_without_the_password(tmp_path, tiny_data_dir, tiny_model_dir):
+def test_a_wrong_password_or_no_server_is_one_line_without_the_password(tmp_path, tiny_data_dir, tiny_model_dir, pg):
     repo = tune_repo(tmp_path / "repo", tiny_data_dir, tiny_model_dir)
-    with postgres_server() as pg:
-        wrong = tune(repo, "--storage", pg.url(password="not-the-password-7f3a"), check=False)
+    wrong = tune(repo, "--storage", pg.url(password="not-the-password-7f3a"), check=False)
     nobody = tune(repo, check=False, env={"TUNE_STORAGE": f"postgresql://tuner:s3cret-9b@127.0.0.1:{free_port()}/x"})
     for result, password, reason in ((wrong, "not-the-password-7f3a", "password authentication failed"),
                                      (nobody, "s3cret-9b", "Connection refused")):

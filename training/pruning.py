@@ -24,20 +24,45 @@ PRUNED_EXIT_CODE = 3
 PRUNERS = ("halving", "median", "wilcoxon", "none")
 
 
-def make_pruner(name):
-    """The Optuna pruner tune.pruner names; the tuner and the train stage build the same one."""
+def make_pruner(name, startup=0):
+    """The Optuna pruner tune.pruner names; the tuner and the train stage build the same one. startup
+    (tune.pruner_startup): no trial is pruned at a step (an evaluation, a fold) until that many other
+    trials have reported a score there."""
     import optuna
 
     if name == "halving":
         # successive halving over the evaluations: at the 1st and the 3rd a trial goes on only if it is
-        # in the best third of the trials scored there (Optuna's advice for TPE; README, Tuning)
-        return optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)
-    if name == "median":
+        # in the best third of the trials scored there (Optuna's advice for TPE; README, Tuning). Not its
+        # bootstrap_count: that prunes every trial reaching a rung before that many have, the opposite
+        pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)
+    elif name == "median":
         # a trial stops when its best score so far is below the median of the finished trials' at that step
-        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
-    if name == "wilcoxon":
-        return optuna.pruners.WilcoxonPruner(p_threshold=0.1)
-    return optuna.pruners.NopPruner()
+        pruner = optuna.pruners.MedianPruner(n_startup_trials=0, n_warmup_steps=0)
+    elif name == "wilcoxon":
+        pruner = optuna.pruners.WilcoxonPruner(p_threshold=0.1)
+    else:
+        return optuna.pruners.NopPruner()
+    return start_up(pruner, startup) if startup else pruner
+
+
+def start_up(pruner, startup):
+    """`pruner`, whose verdict to prune a trial at a step stands only once `startup` other trials (running,
+    complete or pruned) have reported a score at that step. The inner pruner is asked first either way:
+    successive halving records the trial's score at its rung when asked, for the trials after it."""
+    import optuna
+    from optuna.trial import TrialState
+
+    class StartUp(optuna.pruners.BasePruner):
+        def prune(self, study, trial):
+            if not pruner.prune(study, trial):
+                return False
+            step = trial.last_step
+            states = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
+            others = [t for t in study.get_trials(deepcopy=False, states=states)
+                      if t.number != trial.number and step in t.intermediate_values]
+            return len(others) >= startup
+
+    return StartUp()
 
 
 @dataclass(frozen=True)
@@ -50,6 +75,7 @@ class TrialLink:
     metric: str      # the validation metric reported, a key of the train stage's evaluation (f1_macro)
     by: str          # "evaluation" or "fold"
     pruner: str      # one of PRUNERS
+    startup: int = 0  # tune.pruner_startup
 
     @classmethod
     def from_env(cls, environ=os.environ):
@@ -66,7 +92,8 @@ class TrialLink:
 
         try:
             storage = optuna.storages.RDBStorage(self.storage, engine_kwargs=engine_kwargs(self.storage))
-            study = optuna.load_study(study_name=self.study, storage=storage, pruner=make_pruner(self.pruner))
+            study = optuna.load_study(study_name=self.study, storage=storage,
+                                      pruner=make_pruner(self.pruner, self.startup))
             return optuna.trial.Trial(study, self.trial_id)
         except Exception as e:  # a database down, a network gone: the training goes on unpruned
             print(f"tune: cannot reach study {self.study!r} ({type(e).__name__}); trial {self.number} "

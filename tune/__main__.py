@@ -23,6 +23,7 @@ from pipeline.command import run_main
 from pipeline.settings import PipelineError, load_params
 from training.progress import duration
 from training.pruning import TrialLink
+from tune import budget
 from tune import trials as trial_runs
 from tune.settings import (
     TUNING,
@@ -65,6 +66,13 @@ def recorded(study, trial):
     return next(t.user_attrs for t in study.get_trials(deepcopy=False) if t.number == trial.number)
 
 
+def opening_line(name, url, done, trials, direction, metric, pruner, by):
+    """The tuner's first line: the study, how far it is, what it optimizes and how it prunes."""
+    pruning = f"pruner {pruner} (by {by})" if pruner != "none" else "no pruning"
+    verb = "maximizing" if direction == "maximize" else "minimizing"
+    return f"study {name!r} in {scrub(url, url)}: {done} of {trials} trials done; {verb} {metric}; {pruning}"
+
+
 def describe(params):
     return ", ".join(f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}" for key, value in params.items())
 
@@ -93,9 +101,7 @@ def main():
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     done = len(study.get_trials(deepcopy=False, states=finished))
     name, logs = settings["study"], TUNING / settings["study"]
-    print(f"study {name!r} in {scrub(url, url)}: {done} of {settings['trials']} trials done; "
-          f"maximizing {metric}" if settings["direction"] == "maximize" else f"minimizing {metric}", end="")
-    print(f"; pruner {pruner} (by {by})" if pruner != "none" else "; no pruning")
+    print(opening_line(name, url, done, settings["trials"], settings["direction"], metric, pruner, by))
     fixed = {"train.evaluations": settings["evaluations"]} if by == "evaluation" and pruner != "none" else {}
     failures, current = [], {}
     # trials run in temporary copies: their checkpoints go to this clone's folder, where a rerun finds them
@@ -107,7 +113,8 @@ def main():
         experiment = f"{name}-{trial.number}"
         trial.set_user_attr("experiment", experiment)
         link = TrialLink(url, name, trial._trial_id, trial.number,
-                         evaluated_metric(metric, settings["kind"]) or "f1_macro", by, pruner)
+                         evaluated_metric(metric, settings["kind"]) or "f1_macro", by, pruner,
+                         settings["pruner_startup"])
         log = logs / f"trial-{trial.number}.log"
         print(f"trial {trial.number} ({experiment}): {describe(params)}; log {log}", flush=True)
         outcome = trial_runs.run(experiment, {**params, **fixed}, link, log, checkpoints)
@@ -135,11 +142,9 @@ def main():
                                 f"(log {log})")
         raise TrialFailed(outcome.error)
 
-    stop_at = optuna.study.MaxTrialsCallback(settings["trials"], states=finished)
     start = time.monotonic()
     try:
-        if done < settings["trials"]:
-            study.optimize(objective, callbacks=[stop_at], catch=(TrialFailed,))
+        budget.optimize(study, objective, settings["trials"], catch=(TrialFailed,))
     except KeyboardInterrupt:
         interrupted = [t for t in study.get_trials(deepcopy=False)
                        if t.number == current.get("trial") and t.state.name == "FAIL"]

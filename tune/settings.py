@@ -20,7 +20,8 @@ TUNING = Path("tuning")  # the studies' database, trial logs, reports and blends
 DEFAULT_STORAGE = TUNING / "studies.db"
 STORAGE_ENV = "TUNE_STORAGE"  # a storage URL with a password belongs here (or in --storage), not in params.yaml
 TUNE_PARAMS = {"study": (str,), "trials": (int, Range(1)), "metric": (str,), "direction": ("auto", "maximize", "minimize"),
-               "seed": (int, SEEDS), "pruner": ("auto", *PRUNERS), "evaluations": (int, Range(1)),
+               "seed": (int, SEEDS), "pruner": ("auto", *PRUNERS),
+               "pruner_startup": (int, Range(0, 100)), "evaluations": (int, Range(1)),
                "heartbeat": (int, Range(1, 3600)), "storage": (str, None), "space": (dict,)}
 STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # it names experiments: a git ref's rules
 # where each params.yaml section's checks live (module:name), imported only for the sections searched

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pipeline.command import redact
 from pipeline.settings import PipelineError
 from training.pruning import engine_kwargs, make_pruner
+from tune.budget import OVER_BUDGET
 from tune.settings import current_values
 
 
@@ -73,7 +74,7 @@ def create_study(storage, settings, metric, pruner, by, fold_count):
     # reseeded by the number of trials so far, so that a resumed study's suggestions are reproducible too
     sampler = optuna.samplers.TPESampler(seed=settings["seed"] + trials_so_far, constant_liar=True,
                                          n_startup_trials=min(10, max(2, settings["trials"] // 3)))
-    options = dict(study_name=name, storage=storage, sampler=sampler, pruner=make_pruner(pruner))
+    options = dict(study_name=name, storage=storage, sampler=sampler, pruner=make_pruner(pruner, settings["pruner_startup"]))
     try:  # only one of several workers starting a new study at once creates it (the database decides)
         study = optuna.create_study(**options, direction=settings["direction"])
         study.set_user_attr("metric", metric)
@@ -161,6 +162,8 @@ def trial_rows(study, fold_count):
     rows = []
     for t in study.get_trials(deepcopy=False):
         attrs = t.user_attrs
+        if attrs.get(OVER_BUDGET):  # given back before it started (tune/budget.py)
+            continue
         note = attrs.get("pruned_at") and f"pruned at {attrs['pruned_at']}" or attrs.get("error") or ""
         if attrs.get("baseline"):
             note = "params.yaml's values" + (f"; {note}" if note else "")
