@@ -18,7 +18,7 @@ def likely_causes(tokens, epochs, lr, frozen):
     (reports/tokenize/lengths.json's "tokens": fit, train, max_length)."""
     found = fit_problems(tokens.get("fit", {}), tokens.get("train", {}).get("truncated_fraction", 0.0),
                          tokens.get("max_length"))
-    causes = [f"{what} ({remedy})" for what, remedy in found.values()]
+    causes = [f"{what}: {remedy}" for what, remedy in found.values()]
     causes.append(f"too few epochs (train.epochs {epochs:g})")
     causes.append(f"the learning rate (train.lr {lr:g})")
     if frozen:
@@ -39,5 +39,7 @@ def comparison(split, metric, model, baseline, linear_model, causes):
         return f"baseline: {split} {name} of the model {shown(model)}, of {theirs[4:]} {shown(baseline)} {key}: not compared"
     if better:
         return f"baseline: the model's {split} {name} {model:.4f} beats {theirs} {baseline:.4f} {key}"
+    if model == baseline == (0.0 if metric in LOWER_IS_BETTER else 1.0):  # both perfect: nothing to beat
+        return f"baseline: the model's {split} {name} {model:.4f} is perfect, as is {theirs} {key}"
     return (f"warning: the model's {split} {name} {model:.4f} does not beat {theirs} {baseline:.4f} {key}, "
             f"scored on the same rows; likely causes: {'; '.join(causes)}")

@@ -141,8 +141,8 @@ def fit_problems(fit, truncated_fraction, max_length):
                            f"{reader} reads them whole (model.name)")
     if (fit.get("unknown_fraction") or 0.0) >= UNKNOWN:
         found["unknown"] = (f"{percent(fit['unknown_fraction'])} of the train texts' tokens are unknown to the tokenizer "
-                            "(its unknown token: the model sees nothing of them)",
-                            f"a model whose vocabulary covers the texts' characters ({reader}; model.name)")
+                            "(the model sees nothing of them)",
+                            "a model whose vocabulary covers the texts' characters (model.name)")
     if truncated_fraction >= TRUNCATED:
         found["truncated"] = (f"{percent(truncated_fraction)} of the train texts are longer than max_length "
                               f"{max_length} and are cut", "a larger tokenize.max_length keeps more of them")
