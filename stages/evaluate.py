@@ -1,8 +1,8 @@
 """evaluate: combine the folds' predictions into scores and a submission.
 
 Reads data/processed/ (the true labels, the test ids, the task shape, the submission's header), data/split/
-folds.csv, each fold's predictions/fold-K/oof.csv and the test predictions predictions/test/fold-K.csv;
-loads no model, so it takes seconds. Writes reports/evaluate/metrics.json, reports/evaluate/confusion_val.csv
+folds.csv, each fold's predictions/fold-K/oof.csv, the test predictions predictions/test/fold-K.csv and the
+baseline stage's predictions/baseline/{oof,test}.csv; loads no model, so it takes seconds. Writes reports/evaluate/metrics.json, reports/evaluate/confusion_val.csv
 (a DVC confusion-matrix plot) and submission/{submission.csv,probabilities.csv}.
 
 - One fold (cv.folds [0]): `val`, the scores on the holdout rows, and `test` when the test file
@@ -14,7 +14,12 @@ loads no model, so it takes seconds. Writes reports/evaluate/metrics.json, repor
 The task shape (tasks/shapes.py) says which scores (and task.metric, the competition's, beside them),
 how outputs become decisions (the class of highest probability; for multi-label each class whose
 probability reaches the threshold that scores best on the validation rows, reported as `threshold`; the
-value) and the submission's form. probabilities.csv keeps the probabilities, one column per class, for
+value) and the submission's form.
+- `baseline`: the TF-IDF baseline's scores on the same rows (`baseline.val` or `baseline.oof`, and
+  `baseline.test`), its multi-label threshold chosen on its own outputs. One line compares the model's and
+  the baseline's competition metric; when the model does not beat it, a warning naming the likely causes:
+  the tokenizer's fit (tokenize's reports/tokenize/lengths.json), train.epochs, train.lr,
+  train.freeze_embeddings (the three train.* keys evaluate reads). probabilities.csv keeps the probabilities, one column per class, for
 blending with other models (none for regression).
 """
 import json
@@ -25,19 +30,22 @@ import pandas as pd
 
 from pipeline.command import run_main
 from pipeline.outputs import atomic_dir, write_json
-from pipeline.settings import PipelineError
+from baselines.verdict import comparison, likely_causes
+from pipeline.settings import PipelineError, Range, check_kind, load_params
 from predicting import folds
 from predicting.ensemble import combine_out_of_fold, mean_test_probabilities
 from reading.csvfiles import read_csv, write_csv
+from tasks.scores import NAMES
 from tasks.shapes import SHAPES, competition_metric, headline, submission_frame, task_params
 
 PROCESSED = Path("data/processed")
 REPORTS = Path("reports/evaluate")
 SUBMISSION = Path("submission")
-# how the log names each score
-NAMES = {"accuracy": "accuracy", "f1_macro": "macro-F1", "f1_micro": "micro-F1", "f1_weighted": "weighted F1",
-         "log_loss": "log loss", "roc_auc": "ROC AUC", "qwk": "QWK", "rmse": "RMSE", "mae": "MAE",
-         "pearson": "Pearson", "spearman": "Spearman"}
+TOKENS = Path("reports/tokenize/lengths.json")
+BASELINE = folds.PREDICTIONS / "baseline"
+# the train.* keys the comparison with the baseline names among the likely causes (dvc.yaml declares them)
+TRAIN_KEYS = {"epochs": (float, Range(0, low_open=True)), "lr": (float, Range(0, 1, low_open=True)),
+              "freeze_embeddings": (bool,)}
 
 
 def spread(per_fold, names=("f1_macro", "accuracy")):
@@ -57,9 +65,25 @@ def described(scores, names):
     return ", ".join(f"{NAMES[name]} {scores[name]:.4f}" if scores[name] is not None else f"{NAMES[name]} undefined"
                      for name in names)
 
+def train_settings():
+    """train.epochs, train.lr and train.freeze_embeddings, checked (the train stage checks the rest)."""
+    train = load_params("train")
+    return {key: check_kind(train.get(key), kinds, f"params.yaml: train.{key}") for key, kinds in TRAIN_KEYS.items()}
 
 
-
+def baseline_scores(split, shape, y_true, rows, labels, metric, columns, test_truth=None):
+    """The baseline's scores on the model's validated rows (its own multi-label threshold, chosen on its
+    outputs by task.metric) and on a labelled test file, from predictions/baseline/."""
+    baseline_rows, outputs = folds.read_probabilities(BASELINE / "oof.csv", columns)
+    if not np.array_equal(baseline_rows, rows):
+        raise PipelineError(f"{BASELINE / 'oof.csv'} holds other rows than the folds of {folds.FOLDS_CSV}: it comes "
+                            "from another run; rerun `dvc repro`")
+    threshold = shape.threshold(y_true, outputs, metric)
+    scores = {split: shape.report(y_true, outputs, labels, metric, threshold)}
+    if test_truth is not None:
+        _, test = folds.read_probabilities(BASELINE / "test.csv", columns)
+        scores["test"] = shape.report(test_truth, test, labels, metric, threshold)
+    return scores
 
 
 def unused_folders(k):
@@ -69,7 +93,7 @@ def unused_folders(k):
 
 
 def main():
-    task = task_params()
+    task, train = task_params(), train_settings()
     data = json.loads((PROCESSED / "shape.json").read_text(encoding="utf-8"))
     if data["kind"] != task["kind"]:
         raise PipelineError(f"params.yaml: task.kind is {task['kind']}, but {PROCESSED} holds {data['kind']} data: "
@@ -96,7 +120,7 @@ def main():
         metrics = {"oof": shape.report(y_true, oof_outputs, labels, metric, threshold), "cv": spread(per_fold, names)}
     confusion = shape.confusion(y_true, oof_outputs, labels, threshold)
 
-    submission = probabilities = None
+    submission = probabilities = test_truth = None
     if (PROCESSED / "test.csv").exists():
         test = read_csv(PROCESSED / "test.csv")
         form = json.loads((PROCESSED / "submission.json").read_text(encoding="utf-8"))
@@ -107,14 +131,25 @@ def main():
         if labels:  # class probabilities; a regression submission holds all there is
             probabilities = pd.concat([test[["id"]], pd.DataFrame(mean, columns=labels)], axis=1)
         if (test["label"] != "").all():  # a labelled test file: score the submission
-            metrics["test"] = shape.report(shape.truth(test["label"], labels), mean, labels, metric, threshold)
+            test_truth = shape.truth(test["label"], labels)
+            metrics["test"] = shape.report(test_truth, mean, labels, metric, threshold)
+    split = "val" if k == 1 else "oof"
+    metrics["baseline"] = baseline_scores(split, shape, y_true, rows, labels, metric, columns, test_truth)
     printed = shape.evaluated + tuple(n for n in names if n not in shape.evaluated)
-    for split, m in metrics.items():
-        if split == "cv":
+    for part, m in metrics.items():
+        if part == "baseline":
+            for part, scores in m.items():
+                print(f"baseline {part}: {described(scores, printed)}" +
+                      (f" (threshold {scores['threshold']:g})" if scores.get("threshold") is not None else ""))
+        elif part == "cv":
             print("cv: " + ", ".join(f"{NAMES[n]} {m[f'{n}_mean']:.4f} ± {m[f'{n}_std']:.4f}" for n in names
                                      if m[f"{n}_mean"] is not None and m[f"{n}_std"] is not None) + f" over {k} folds")
         else:
-            print(f"{split}: {described(m, printed)}" + (f" (threshold {threshold:g})" if threshold is not None else ""))
+            print(f"{part}: {described(m, printed)}" + (f" (threshold {threshold:g})" if threshold is not None else ""))
+
+    tokens = json.loads(TOKENS.read_text(encoding="utf-8"))["tokens"]
+    print(comparison(split, metric, metrics[split][metric], metrics["baseline"][split][metric], shape.baseline,
+                     likely_causes(tokens, train["epochs"], train["lr"], train["freeze_embeddings"])))
 
     with atomic_dir(REPORTS) as tmp:
         write_json(tmp / "metrics.json", metrics)

@@ -4,7 +4,11 @@ Reads data/processed/; writes data/tokenized/{train,test}.safetensors (unpadded:
 per batch at training time; labels encoded as the task shape trains on them), data/tokenized/settings.json
 (the max_length used, which the train stage keeps beside each model) and reports/tokenize/lengths.json,
 the token-length statistics and the max_length (chosen from the train lengths when tokenize.max_length
-is auto), under "tokens". The train stage reads only train.safetensors: a new test file retrains nothing.
+is auto), under "tokens", and under tokens.fit how well the tokenizer fits the train texts (reading/
+tokenfit.py, on up to 5,000 of them spread over the file, first texts of pairs): unknown tokens,
+characters per token, the texts' script and whether the tokenizer breaks it apart (Hangul syllables into
+jamo, accents stripped). Past a threshold it prints a warning line saying what it found and what to
+try (model.name, tokenize.max_length); the run goes on. The train stage reads only train.safetensors: a new test file retrains nothing.
 
 Text pairs go to the tokenizer as pairs ([CLS] a [SEP] b [SEP]); their segment ids (token_type_ids) are
 stored beside the token ids when the model takes them. Several text columns joined by preprocess get
@@ -26,6 +30,7 @@ from pipeline.command import interactive, run_main
 from pipeline.outputs import atomic_dir, write_json
 from pipeline.settings import PipelineError, Range, load_params
 from reading.csvfiles import read_csv_chunks
+from reading.tokenfit import fit_measures, fit_warnings, sample_rows
 from reading.tokens import CHUNK, auto_max_length, encode_flat, model_inputs, model_limit, packed, truncate_flat, uses_types
 from tasks.shapes import SHAPES
 from training.models import model_params, resolve_model
@@ -123,6 +128,7 @@ def main():
     paths = [PROCESSED / f"{split}.csv" for split in SPLITS if (PROCESSED / f"{split}.csv").exists()]
     # (flat ids, lengths, labels) of each split
     encoded = {path.stem: encode_csv(tokenizer, path, label_list, SHAPES[shape["kind"]], types) for path in paths}
+    train_rows = len(encoded["train"][1])
     if max_length == "auto":
         max_length = auto_max_length(encoded["train"][1], percentile, limit)
         print(f"max_length auto: {max_length} (p{percentile:g} of the train texts' token lengths, "
@@ -141,6 +147,12 @@ def main():
             print(f"{path.stem}: {len(lengths):,} texts, token length p50 {split['p50']:g}, p99 {split['p99']:g}, "
                   f"max {split['max']}; {split['truncated_fraction']:.2%} cut at {max_length}")
         write_json(tmp / "settings.json", {"max_length": max_length})
+    stats["fit"] = fit = fit_measures(tokenizer, texts_at(PROCESSED / "train.csv", sample_rows(train_rows)))
+    print(f"tokenizer fit ({fit['sample_texts']:,} train texts): {fit['unknown_fraction']:.2%} unknown tokens, "
+          f"{fit['chars_per_token']} characters per token; {fit['script_fraction']:.0%} of the texts mainly "
+          f"{fit['script']}, {fit['script_tokens_per_char']} tokens per character of its words")
+    for line in fit_warnings(fit, stats["train"]["truncated_fraction"], max_length, model_name):
+        print(line)
     # under one name, so that `dvc metrics show` reads tokens.test.max, not a test.max beside evaluate's test.accuracy
     write_json(METRICS, {"tokens": stats})
     return [OUT, METRICS]

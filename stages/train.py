@@ -191,7 +191,7 @@ def main():
             eval_dataset=val_set,
             data_collator=unpadded.collate if packed else collator,
             compute_metrics=scores,
-            callbacks=[*callbacks, stop, ProgressLog()],
+            callbacks=[*callbacks, stop, ProgressLog(shown=shape.progress)],
             throughput=throughput,
         )
         trainer.remove_callback(PrinterCallback)  # it prints a dict per log; ProgressLog prints for people

@@ -18,6 +18,10 @@ METRICS = {
     "regression": ("rmse", "mae", "pearson", "spearman"),
 }
 LOWER_IS_BETTER = ("rmse", "mae", "log_loss")
+# how the logs name each score
+NAMES = {"accuracy": "accuracy", "f1_macro": "macro-F1", "f1_micro": "micro-F1", "f1_weighted": "weighted F1",
+         "log_loss": "log loss", "roc_auc": "ROC AUC", "qwk": "QWK", "rmse": "RMSE", "mae": "MAE",
+         "pearson": "Pearson", "spearman": "Spearman"}
 # scored on probabilities, not on decisions: no threshold to choose, and a submission of class columns
 # holds probabilities
 ON_PROBABILITIES = ("log_loss", "roc_auc")

@@ -7,7 +7,8 @@ regression, one small definition per shape, which the stages ask (SHAPES[kind]):
 - train: the number of model outputs and transformers' problem_type, which picks the loss
   (cross-entropy, binary cross-entropy per class, mean squared error), and the scores of each evaluation;
 - predict_test, predict: what the model's outputs mean (probabilities: softmax or sigmoid; a value);
-- evaluate, predict: the reported scores, the multi-label threshold, the submission's form.
+- evaluate, predict: the reported scores, the multi-label threshold, the submission's form;
+- baseline: the linear model fitted on TF-IDF features (baselines/tfidf.py builds it), in words.
 Text pairs are not a shape: a second text column (preprocess.text_pair_column) works with every one.
 
 Arrays: `outputs` is (rows, outputs) everywhere: class probabilities, or one column of values.
@@ -73,7 +74,9 @@ class Classification:
     kind = "classification"
     problem_type = "single_label_classification"
     evaluated = ("accuracy", "f1_macro")  # the train stage's scores at each evaluation
+    progress = ("accuracy", "f1_macro")  # those of them its line in the log shows
     headline = ("f1_macro", "accuracy")
+    baseline = "logistic regression"  # the linear model of the baseline stage, in words
     read_labels = staticmethod(reading.read_class_labels)
     label_list = staticmethod(reading.class_list)
 
@@ -143,7 +146,9 @@ class MultiLabel(Classification):
     kind = "multilabel"
     problem_type = "multi_label_classification"
     evaluated = ("accuracy", "f1_macro", "f1_micro")  # at a threshold of 0.5 while training
+    progress = ("f1_micro", "f1_macro")
     headline = ("f1_micro", "f1_macro", "accuracy")
+    baseline = "one-vs-rest logistic regressions"
     read_labels = staticmethod(reading.read_multilabels)
     label_list = staticmethod(reading.multilabel_list)
 
@@ -214,7 +219,9 @@ class Regression(Classification):
     kind = "regression"
     problem_type = "regression"
     evaluated = ("rmse", "mae", "pearson", "spearman")
+    progress = ("rmse", "pearson")
     headline = evaluated
+    baseline = "ridge regression"
     read_labels = staticmethod(reading.read_numbers)
     label_list = staticmethod(reading.no_classes)
 

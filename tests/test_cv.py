@@ -65,7 +65,7 @@ def probabilities(path):
 
 def test_one_stage_per_fold_each_ran_once(cv_repo):
     _, repo, ran = cv_repo
-    assert ran[:4] == UPSTREAM and sorted(ran[4:7]) == FOLD_STAGES and ran[7:] == ["predict_test", "evaluate"]
+    assert ran[:5] == [*UPSTREAM, "baseline"] and sorted(ran[5:8]) == FOLD_STAGES and ran[8:] == ["predict_test", "evaluate"]
     for k in FOLDS:
         for path in (f"models/fold-{k}/model.safetensors", f"predictions/fold-{k}/oof.csv",
                      f"predictions/test/fold-{k}.csv", f"reports/train/fold-{k}/metrics.json"):
@@ -135,7 +135,7 @@ def test_a_change_reruns_exactly_what_it_affects(cv_repo, tmp_path):
     assert sorted(ran[:-2]) == FOLD_STAGES and ran[-2:] == ["predict_test", "evaluate"]
     set_params(repo, cv__folds=[0, 1])
     ran, out = logged_repro(repo)
-    assert ran == ["split", "train@0", "train@1", "predict_test", "evaluate"]
+    assert ran == ["split", "baseline", "train@0", "train@1", "predict_test", "evaluate"]
     assert "fold-2 left by an earlier run with more folds; not used" in out
     assert set(json.loads((repo / "reports/evaluate/metrics.json").read_text())["cv"]["per_fold"]) == {"0", "1"}
 
@@ -181,14 +181,14 @@ def test_folds_run_on_three_clones_that_share_a_remote(cv_repo, tmp_path):
         dvc("remote", "add", "--local", "-d", "shared", str(remote), cwd=clones[name])
     # A trains fold 0, B fold 1, each on its machine, and both share their runs
     ran_a, _ = logged_repro(clones["a"], "train@0")
-    assert ran_a == [*UPSTREAM, "train@0"]
+    assert ran_a == [*UPSTREAM, "train@0"]  # the baseline is not upstream of a fold
     dvc("push", "--run-cache", cwd=clones["a"])
     ran_b, _ = logged_repro(clones["b"], "--pull", "train@1")
     assert ran_b == ["train@1"], "B restores fetch to split from A's runs and trains only fold 1"
     dvc("push", "--run-cache", cwd=clones["b"])
     # C restores both folds and trains only the one nobody ran
     ran_c, _ = logged_repro(clones["c"], "--pull")
-    assert ran_c == ["train@2", "predict_test", "evaluate"]
+    assert sorted(ran_c[:2]) == ["baseline", "train@2"] and ran_c[2:] == ["predict_test", "evaluate"], ran_c  # nobody ran the baseline
     for k in FOLDS:  # the same runs as the one-machine repro, fold by fold
         name = f"predictions/fold-{k}/oof.csv"
         assert (clones["c"] / name).read_bytes() == (done / name).read_bytes(), name

@@ -39,6 +39,8 @@ BAD_VALUES = {
     "tokenize.max_length": [1, 0, "longest"], "tokenize.length_percentile": [0, 101],
     "cv.folds": [0, 3, [], [1, 2]],
     "split.val_size": [0, 1, -0.1], "split.seed": [-1, 2**32],
+    "baseline.word_ngrams": [-1, 6, 1.5], "baseline.char_ngrams": [1, 9, -1], "baseline.max_features": [0],
+    "baseline.min_df": [0], "baseline.regularization": [0, -1, "strong"], "baseline.seed": [-1, 2**32],
     "train.epochs": [0, -1], "train.batch_size": [0, "max", 7], "train.effective_batch_size": [0],
     "train.lr": [0, 2, "fast"], "train.weight_decay": [-0.1, 1.5], "train.warmup_ratio": [1, -0.1],
     "train.max_grad_norm": [-1], "train.seed": [-1, 2**32], "machine.loader_workers": [-1],
@@ -54,7 +56,7 @@ BAD_VALUES = {
 # the module that checks each section first (dvc.yaml lists every stage that reads it; python -m tune
 # reads the tune section, which no stage does)
 MODULE_OF = {"fetch": "stages.fetch", "task": "stages.preprocess", "preprocess": "stages.preprocess", "model": "stages.tokenize",
-             "tokenize": "stages.tokenize", "cv": "stages.split", "split": "stages.split", "train": "stages.train",
+             "tokenize": "stages.tokenize", "cv": "stages.split", "split": "stages.split", "baseline": "stages.baseline", "train": "stages.train",
              "machine": "stages.train", "tune": "tune"}
 
 

@@ -15,7 +15,7 @@ import yaml
 from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = {"fetch", "preprocess", "tokenize", "split", "train@0", "predict_test", "evaluate"}  # cv.folds [0]: one fold
+STAGES = {"fetch", "preprocess", "tokenize", "split", "baseline", "train@0", "predict_test", "evaluate"}  # cv.folds [0]: one fold
 # Small enough for CI, with margin on any CPU. The tiny BERT is randomly initialised: its token embeddings
 # were never trained, so frozen (the default, for pretrained models) they leave it a far harder task, on
 # which it ended at chance or stalled on two classes for some seeds and CPUs. Trained, at lr 2e-3, it
@@ -31,7 +31,7 @@ PIPELINE_PARAMS = dict(TINY_PARAMS, train__mixed_precision=False, train__unpadde
                        split__val_size=0.1, preprocess__replace_mentions=True)
 PROJECT_FILES = ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore", "predict.py")
 # the stages, the shared code they import, and the tools beside them (tests/test_layout.py: LIBRARY)
-CODE_FOLDERS = ("stages", "pipeline", "fetching", "reading", "tasks", "training", "predicting", "tune")
+CODE_FOLDERS = ("stages", "pipeline", "fetching", "reading", "tasks", "training", "predicting", "baselines", "tune")
 
 
 def stage_env():
@@ -165,7 +165,8 @@ def test_the_readmes_first_look_is_a_short_table_of_the_scores(pipeline):
     keep = re.search(r"--keep '([^']+)'", command)[1]
     table = dvc("exp", "show", "--csv", "--drop", ".*", "--keep", keep, cwd=repo).stdout
     header = table.splitlines()[0].split(",")
-    assert header == ["Experiment", "val.accuracy", "val.f1_macro", "test.accuracy", "test.f1_macro"], header
+    assert header == ["Experiment", "val.accuracy", "val.f1_macro", "test.accuracy", "test.f1_macro",
+                      "baseline.val.f1_macro"], header
 
 
 def test_submission_has_one_row_per_test_id(pipeline, tiny_data_dir):
@@ -199,7 +200,7 @@ def test_only_affected_stages_rerun(pipeline):
     set_params(repo, tokenize__max_length=8)  # short enough to cut the tiny texts
     assert repro(repo) == {"tokenize", "train@0", "predict_test", "evaluate"}
     set_params(repo, split__val_size=0.2)
-    assert repro(repo) == {"split", "train@0", "predict_test", "evaluate"}
+    assert repro(repo) == {"split", "baseline", "train@0", "predict_test", "evaluate"}
     set_params(repo, preprocess__replace_mentions=False)
     assert repro(repo) == STAGES - {"fetch"}
 

@@ -114,14 +114,15 @@ def origin(tmp_path_factory, tiny_data_dir, tiny_model_dir):
     with pytest.MonkeyPatch.context() as mp:
         log = logged(mp, base, "A")
         dvc("repro", cwd=a)
-        assert stage_log(log) == ["fetch", "preprocess", "tokenize", "split", "train@0", "predict_test", "evaluate"]
+        assert stage_log(log) == ["fetch", "preprocess", "tokenize", "split", "baseline", "train@0", "predict_test",
+                                  "evaluate"]
         # the README's step: dvc.lock, the .gitignore files DVC wrote, and the metrics and
         # plots where dvc.yaml marks them `cache: false` (then git, not DVC, keeps them)
         commit_all(a, "results")
         run(["git", "push", "-q", "origin", "main"], a)
         # --temp: runs in a copy, so A's workspace keeps the committed results
         dvc("exp", "run", "--temp", "-n", EXP, "-S", f"train.lr={EXP_LR}", cwd=a)
-        assert stage_log(log)[7:] == ["train@0", "predict_test", "evaluate"]
+        assert stage_log(log)[8:] == ["train@0", "predict_test", "evaluate"]  # the baseline reads no train.*
     yield {"base": base, "bare": bare, "a": a, "fingerprint": fingerprint(a),
            "exp_lock": run(["git", "show", f"{exp_ref(a, EXP)}:dvc.lock"], a).stdout}
 
@@ -165,7 +166,7 @@ def test_fresh_clone_restores_every_stage_without_running_any(pushed, origin, mo
 
     set_params(b, split__val_size=0.2)  # read by split only
     dvc("repro", cwd=b)
-    assert stage_log(log) == ["split", "train@0", "predict_test", "evaluate"]
+    assert stage_log(log) == ["split", "baseline", "train@0", "predict_test", "evaluate"]
 
 
 def test_experiment_from_a_is_pulled_and_applied_in_b(pushed, origin, monkeypatch):

@@ -8,6 +8,7 @@ rows; a new test file and a sample submission must retrain nothing.
 Each repo is reproduced once per fold count (module fixtures); every test sets nothing itself and reads
 what the fixture made, so `pytest -k <test>` gives the verdict of the full run."""
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from transformers import BertConfig, BertModel
 
 from tests.shape_data import TOPICS, multilabel_rows, pair_rows, regression_rows, write_data
 from tests.test_cv import logged_repro
-from tests.test_pipeline import init_pipeline_repo, set_params, stage_env
+from tests.test_pipeline import dvc, init_pipeline_repo, set_params, stage_env
 from tests.test_resume import copy_repo
 
 THREE = [0, 1, 2]
@@ -37,12 +38,14 @@ KEPT = ("data/processed", "data/split", "predictions", "reports/evaluate", "subm
 
 
 def reproduce(repo, folds):
-    """`dvc repro` with cv.folds `folds`; a copy of what it wrote (KEPT) beside the repo, and the stages run."""
+    """`dvc repro` with cv.folds `folds`; a copy of what it wrote (KEPT) beside the repo, and the stages run
+    (its log as k<K>.log beside it)."""
     set_params(repo, cv__folds=folds)
-    ran, _ = logged_repro(repo)
+    ran, log = logged_repro(repo)
     copy = repo.parent / f"k{len(folds)}"
     for path in KEPT:
         shutil.copytree(repo / path, copy / path)
+    (repo.parent / f"k{len(folds)}.log").write_text(log)
     return copy, ran
 
 
@@ -144,7 +147,7 @@ def test_pairs_train_on_both_texts_and_score_as_recomputed(pairs):
         assert reported["f1_macro"] == pytest.approx(f1_score(truth, predicted, average="macro"), abs=1e-4)
         # one text alone leaves two labels equally likely (half right): the model read both
         assert reported["accuracy"] >= 0.8, (k, reported)
-    assert pairs["ran"][3][:4] == UPSTREAM and pairs["ran"][3][-2:] == ["predict_test", "evaluate"]
+    assert pairs["ran"][3][:5] == [*UPSTREAM, "baseline"] and pairs["ran"][3][-2:] == ["predict_test", "evaluate"]
     processed = frame(pairs["k1"], "data/processed/train.csv")
     assert list(processed.columns) == ["text", "text_pair", "label"]
     tokens = load_file(pairs["repo"] / "data/tokenized/train.safetensors")  # segment ids: which text a token is of
@@ -304,14 +307,14 @@ def test_a_new_test_file_and_a_sample_submission_retrain_nothing(regression, tmp
     test.iloc[:50].assign(text=lambda t: t["text"].str.upper()).to_csv(source / "test.csv", index=False)
     set_params(repo, fetch__source=str(source))
     ran, _ = logged_repro(repo)
-    assert ran == ["fetch", "preprocess", "tokenize", "predict_test", "evaluate"], ran
+    assert ran == ["fetch", "preprocess", "tokenize", "baseline", "predict_test", "evaluate"], ran  # the baseline: seconds
     assert len(pd.read_csv(repo / "submission/submission.csv")) == 50
     # the competition's sample submission: its header and its order of ids
     sample = pd.DataFrame({"ID": test["id"].iloc[:50][::-1], "target": 0.0})
     sample.to_csv(source / "sample_submission.csv", index=False)
     set_params(repo, fetch__sample_submission_file="sample_submission.csv")
     ran, _ = logged_repro(repo)
-    assert ran == ["fetch", "preprocess", "tokenize", "predict_test", "evaluate"], ran
+    assert ran == ["fetch", "preprocess", "tokenize", "baseline", "predict_test", "evaluate"], ran
     submission = pd.read_csv(repo / "submission/submission.csv", dtype={"ID": str})
     assert list(submission.columns) == ["ID", "target"] and submission["ID"].tolist() == sample["ID"].tolist()
 
@@ -344,3 +347,95 @@ def test_predict_says_what_is_wrong_in_one_line(pairs, regression, tmp_path):
         f"error: {tmp_path / 'fold-0'} does not exist: train it with `dvc repro` first")
     assert predict_fails(repo, "id,premise,hypothesis\n", "--out", "submission/x.csv") == (
         "error: --out submission/x.csv is inside submission/, which the pipeline writes; write it elsewhere")
+
+
+# ---- the baseline (TF-IDF + a linear model) and each shape's log -----------------------------
+
+THRESHOLDS = np.round(np.arange(0.05, 0.951, 0.01), 2)
+
+
+def recomputed(kind, truth, outputs, classes):
+    """The baseline's headline scores recomputed with scikit-learn and scipy: classification from the
+    class of highest probability; multi-label at the threshold of 0.05 ... 0.95 best by macro-F1 (task.metric
+    auto), nearest 0.5 among ties; regression from the values."""
+    if kind == "regression":
+        values = outputs[:, 0]
+        return {"rmse": root_mean_squared_error(truth, values), "pearson": pearsonr(truth, values).statistic}
+    if kind == "multilabel":
+        f1s = np.array([f1_score(truth, (outputs >= t).astype(int), average="macro", zero_division=0) for t in THRESHOLDS])
+        best = THRESHOLDS[np.flatnonzero(f1s >= f1s.max() - 1e-12)]
+        threshold = best[np.argmin(np.abs(best - 0.5))]
+        predicted = (outputs >= threshold).astype(int)
+        return {"threshold": threshold, "f1_macro": f1s.max(), "f1_micro": f1_score(truth, predicted, average="micro"),
+                "accuracy": accuracy_score(truth, predicted)}
+    predicted = np.array(classes)[outputs.argmax(axis=1)]
+    return {"accuracy": accuracy_score(truth, predicted), "f1_macro": f1_score(truth, predicted, average="macro")}
+
+
+def truth_of(kind, processed, classes):
+    if kind == "regression":
+        return np.asarray(processed, dtype=float)
+    return multilabel_truth(processed, classes) if kind == "multilabel" else np.asarray(processed)
+
+
+# a bag of words learns each of these datasets: its out-of-fold score, at least (chance: 0.33, 0.5, 0)
+BASELINE_LEARNS = {"pairs": ("accuracy", 0.6), "multilabel": ("f1_micro", 0.8), "regression": ("pearson", 0.8)}
+KIND = {"pairs": "classification", "multilabel": "multilabel", "regression": "regression"}
+
+
+@pytest.mark.parametrize("name", ["pairs", "multilabel", "regression"])
+def test_the_baseline_scores_as_recomputed_on_the_models_rows(request, name):
+    shape = request.getfixturevalue(name)
+    kind = KIND[name]
+    for k, folder in ((1, shape["k1"]), (3, shape["k3"])):
+        split = "val" if k == 1 else "oof"
+        classes = json.loads((folder / "data/processed/labels.json").read_text())
+        columns = classes or ["value"]
+        processed, model_oof = out_of_fold(folder)
+        oof = pd.read_csv(folder / "predictions/baseline/oof.csv")
+        assert list(oof.columns) == ["row", *columns]
+        assert oof["row"].tolist() == model_oof["row"].tolist(), "the baseline's rows are the model's"
+        reported = metrics(folder)["baseline"][split]
+        for score, value in recomputed(kind, truth_of(kind, processed, classes), oof[columns].to_numpy(), classes).items():
+            assert reported[score] == pytest.approx(value, abs=1e-4), (k, score, reported)
+        score, least = BASELINE_LEARNS[name]
+        assert reported[score] >= least, (k, reported)
+        # the test rows: the mean of the K fold models' outputs, scored against the labelled test file
+        test = pd.read_csv(folder / "predictions/baseline/test.csv")
+        source = pd.read_csv(shape["source"] / "test.csv", dtype=str, keep_default_na=False)
+        assert test["row"].tolist() == list(range(len(source)))
+        truth = {"pairs": lambda: source["label"].to_numpy(), "regression": lambda: source["score"].astype(float).to_numpy(),
+                 "multilabel": lambda: multilabel_truth([json.dumps(t.split("|") if t else []) for t in source["tags"]],
+                                                        classes)}[name]()
+        on_test = metrics(folder)["baseline"]["test"]
+        if kind == "multilabel":  # at the threshold chosen on the validated rows
+            predicted = (test[classes].to_numpy() >= reported["threshold"]).astype(int)
+            assert on_test["f1_micro"] == pytest.approx(f1_score(truth, predicted, average="micro"), abs=1e-4)
+        else:
+            expected = recomputed(kind, truth, test[columns].to_numpy(), classes)
+            assert all(on_test[s] == pytest.approx(v, abs=1e-4) for s, v in expected.items()), on_test
+        log = (shape["repo"].parent / f"k{k}.log").read_text()
+        lines = [line for line in log.splitlines() if re.match(r"(baseline|warning): the model's", line)]
+        assert len(lines) == 1 and f"(baseline.{split}." in lines[0], lines  # evaluate's comparison, once
+    assert shape["ran"][3].count("baseline") == 1
+
+
+@pytest.mark.parametrize("name, scores", [("multilabel", r"micro-F1 [\d.]+, macro-F1 [\d.]+"),
+                                          ("regression", r"RMSE [\d.]+, Pearson -?[\d.]+")])
+def test_each_shapes_evaluation_line_shows_its_own_scores(request, name, scores):
+    shape = request.getfixturevalue(name)
+    log = (shape["repo"].parent / "k1.log").read_text()
+    epochs = (WIDER if name == "multilabel" else COMMON)["train__epochs"]
+    assert re.search(rf"^epoch {epochs}: validation {scores}, loss [\d.]+$", log, re.M), log[-3000:]
+    assert "nan" not in log
+
+
+def test_the_baseline_reruns_after_preprocess_changes_and_never_after_train_ones(regression, tmp_path):
+    repo = copy_repo(regression["repo"], tmp_path / "repo")
+    set_params(repo, train__lr=5e-3, train__epochs=3)  # what a tuning trial changes
+    changed = json.loads(dvc("status", "--json", cwd=repo).stdout)
+    assert "train@0" in changed and "baseline" not in changed, changed
+    assert logged_repro(repo, "baseline")[0] == []  # the trial reuses it
+    set_params(repo, preprocess__id_column=None)  # the test rows' ids become row numbers: other processed data
+    ran, _ = logged_repro(repo, "baseline")
+    assert ran == ["preprocess", "baseline"], ran  # the train rows, and so the split, are as they were

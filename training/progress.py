@@ -11,6 +11,7 @@ from transformers import TrainerCallback
 from transformers.integrations import DVCLiveCallback
 
 from pipeline.command import interactive
+from tasks.scores import NAMES
 from training import checkpoint
 
 
@@ -19,6 +20,12 @@ def duration(seconds):
     minutes, seconds = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
+
+
+def evaluation_line(epoch, metrics, shown):
+    """One evaluation: the epoch, the scores `shown` (the task shape's `progress`), the validation loss."""
+    scores = "".join(f"{NAMES[name]} {metrics.get(f'eval_{name}', float('nan')):.4f}, " for name in shown)
+    return f"epoch {epoch:.2f}".rstrip("0").rstrip(".") + f": validation {scores}loss {metrics.get('eval_loss', float('nan')):.4f}"
 
 
 def step_line(step, max_steps, loss, elapsed, steps_done):
@@ -31,10 +38,12 @@ def step_line(step, max_steps, loss, elapsed, steps_done):
 
 class ProgressLog(TrainerCallback):
     """A bar when `bar` (default: common.interactive(), a person watches a terminal), else a line
-    every `every` of the steps. Only the main process of a multi-process run prints."""
+    every `every` of the steps; a line per evaluation with the scores `shown` (the task shape's
+    `progress`: accuracy and macro-F1, micro- and macro-F1, RMSE and Pearson). Only the main process of a
+    multi-process run prints."""
 
-    def __init__(self, every=0.05, bar=None):
-        self.every = every
+    def __init__(self, every=0.05, bar=None, shown=("accuracy", "f1_macro")):
+        self.every, self.shown = every, shown
         self.interactive = interactive() if bar is None else bar
         self.bar = None
         self.loss = None
@@ -64,10 +73,7 @@ class ProgressLog(TrainerCallback):
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         if state.is_world_process_zero and metrics:
-            line = (f"epoch {state.epoch:.2f}".rstrip("0").rstrip(".") +
-                    f": validation accuracy {metrics.get('eval_accuracy', float('nan')):.4f}, "
-                    f"macro-F1 {metrics.get('eval_f1_macro', float('nan')):.4f}, "
-                    f"loss {metrics.get('eval_loss', float('nan')):.4f}")
+            line = evaluation_line(state.epoch, metrics, self.shown)
             (self.bar.write if self.bar is not None else print)(line)
 
     def on_train_end(self, args, state, control, **kwargs):
