@@ -34,6 +34,7 @@ BAD_VALUES = {
     "preprocess.id_column": [5],
     "model.name": [5],
     "tokenize.max_length": [1, 0, "longest"], "tokenize.length_percentile": [0, 101],
+    "tokenize.truncation": ["middle", 5, None], "tokenize.head_tokens": [0, 1.5, "half"], "tokenize.stride": [-1, 0.5],
     "cv.folds": [0, 3, [], [1, 2]],
     "split.val_size": [0, 1, -0.1], "split.seed": [-1, 2**32],
     "train.epochs": [0, -1], "train.batch_size": [0, "max", 7], "train.effective_batch_size": [0],
