@@ -132,8 +132,11 @@ def main():
             texts, pairs = inputs if isinstance(inputs, tuple) else (inputs, None)
             types = uses_types(tokenizer, pairs is not None)
             # long texts cut as the run's tokenize stage cut them (windows: several rows of a text)
-            sequences, token_types, row_texts, _ = tokenize_rows(tokenizer, texts, run["max_length"], pairs, types,
-                                                                 Cutting.of(run))
+            try:
+                sequences, token_types, row_texts, _ = tokenize_rows(tokenizer, texts, run["max_length"], pairs, types,
+                                                                     Cutting.of(run))
+            except ValueError as error:  # a row the run's tokenize.truncation cannot cut
+                raise PipelineError(f"{args.file} {error} (the run's tokenize.truncation {run['truncation']})") from None
         begin = time.perf_counter()
         outputs.append(fold_outputs(tokenizer, model, run, sequences, token_types, device, args.batch_size, row_texts))
         predicting += time.perf_counter() - begin

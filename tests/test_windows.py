@@ -122,3 +122,18 @@ def test_validation_scores_score_each_text_once():
     scores = ValidationScores(SHAPES["classification"], texts=np.array([0, 0, 1, 2]))((logits, labels))
     assert scores["accuracy"] == 1.0  # 3 texts of 3, where windows scored one by one would be 3 of 4
     assert ValidationScores(SHAPES["classification"])((logits, labels))["accuracy"] == 0.75
+
+
+def test_the_settings_can_be_searched_by_tune():
+    import yaml
+
+    from pipeline.settings import PipelineError
+    from tests.test_params import REPO
+    from tune.settings import parse_dimension
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    assert parse_dimension("tokenize.truncation", {"choices": ["head", "head_tail", "windows"]}, params).choices == (
+        "head", "head_tail", "windows")
+    assert parse_dimension("tokenize.stride", {"low": 0, "high": 64}, params).integer
+    with pytest.raises(PipelineError, match="tokenize.truncation: choice must be 'head' or 'tail'"):
+        parse_dimension("tokenize.truncation", {"choices": ["head", "middle"]}, params)
