@@ -175,10 +175,11 @@ def main():
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     texts, labels, names = speeches(args.texts, args.seed)
     tokenizer = load_model(resolve_model("minilm"), ["0", "1"])[0]
-    lengths = np.array([len(ids) for ids in tokenizer(texts)["input_ids"]])
+    lengths = np.array([len(ids) for ids in tokenizer(texts, verbose=False)["input_ids"]])
     print(f"{len(texts)} speeches ({', '.join(f'{n} {labels.count(i)}' for i, n in enumerate(names))}), MiniLM tokens "
           f"p10 {np.percentile(lengths, 10):.0f}, median {np.median(lengths):.0f}, p90 {np.percentile(lengths, 90):.0f}; "
-          f"{args.folds} folds, {args.epochs} epochs, batch {args.batch}, lr {args.lr:g}; load average {os.getloadavg()[0]:.1f}")
+          f"{args.folds} folds" + ("" if args.probe else f", {args.epochs} epochs, batch {args.batch}, lr {args.lr:g}") +
+          f"; load average {os.getloadavg()[0]:.1f}")
     folds = np.empty(len(texts), dtype=int)
     for k, (_, val) in enumerate(StratifiedKFold(args.folds, shuffle=True, random_state=args.seed)
                                  .split(np.zeros(len(texts)), labels)):

@@ -179,10 +179,11 @@ def cut_flat(tokenizer, flat, lengths, max_length, texts_at, cutting):
             np.concatenate(owners).astype(np.int64))
 
 
-def tokenize_rows(tokenizer, texts, max_length, pairs=None, types=False, cutting=Cutting()):
+def tokenize_rows(tokenizer, texts, max_length, pairs=None, types=False, cutting=None):
     """(token id lists, segment id lists or None, text of each row, full lengths) of a list of texts (and
     of their second texts: pairs), as the stage makes them: long texts cut as `cutting` says (windows:
-    several rows of one text)."""
+    several rows of one text; None: the head)."""
+    cutting = cutting or Cutting()
     capacity = sum(len(text.encode("utf-8")) + 8 for text in texts + (pairs or []))  # a token holds a byte or more
     pick = (lambda rows: [texts[i] for i in rows]) if pairs is None else \
         (lambda rows: ([texts[i] for i in rows], [pairs[i] for i in rows]))

@@ -27,8 +27,8 @@ from pipeline.command import interactive, run_main
 from pipeline.outputs import atomic_dir, write_json
 from pipeline.settings import PipelineError, Range, load_params
 from reading.csvfiles import read_csv_chunks
-from reading.tokens import (CHUNK, auto_max_length, cut_flat, encode_flat, model_inputs, model_limit, packed, truncate_flat,
-                           uses_types)
+from reading.tokens import (CHUNK, auto_max_length, cut_flat, encode_flat, model_inputs, model_limit, packed,
+                           truncate_flat, uses_types)
 from reading.windows import TRUNCATIONS, Cutting
 from tasks.shapes import SHAPES
 from training.models import model_params, resolve_model

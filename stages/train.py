@@ -158,7 +158,8 @@ def main():
     say(f"fold {fold}: training on {device}" + (f" in {world_size} processes" if world_size > 1 else "") +
         f": {len(train_set):,} train / {len(val_set):,} validation examples, {shape.describe(labels)}" +
         (" and their second texts (pairs)" if data["pair_columns"] else "") +
-        (f"; windows of {len(set(texts[train_rows])):,} / {len(set(texts[val_rows])):,} texts" if "text_of_row" in tensors else ""))
+        (f"; windows of {len(set(texts[train_rows])):,} / {len(set(texts[val_rows])):,} texts"
+         if "text_of_row" in tensors else ""))
     batch_size, accumulation, seq_len = agreed_batch_size(model, train_set.sequences, params, world_size, device)
     dtype = autocast_dtype(params["mixed_precision"], device)
     say(f"batch: {batch_size} per step x {accumulation} accumulated" +
@@ -173,7 +174,8 @@ def main():
     live = open_live(resume, out["live"]) if main_process else None
     if live:  # the device this run was given: with a queue worker per GPU (README), which one each took
         live.summary.update(device=device, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
-    throughput, scores, collator = Throughput(), ValidationScores(shape, scale, texts[val_rows]), make_collator(tokenizer, device)
+    throughput, collator = Throughput(), make_collator(tokenizer, device)
+    scores = ValidationScores(shape, scale, texts[val_rows])  # windows: each text scored once
     packed = params["unpadded"] and unpadded.supports(model)
     if params["unpadded"]:
         say("train.unpadded: padding-free batches" if packed else
