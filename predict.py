@@ -29,7 +29,8 @@ from predicting.folds import DECIMALS
 from predicting.inference import fold_folders, fold_outputs, load_fold
 from reading.cleaning import clean_test_frame
 from reading.csvfiles import read_csv
-from reading.tokens import model_inputs, tokenize_texts, uses_types
+from reading.tokens import model_inputs, tokenize_rows, uses_types
+from reading.windows import Cutting
 from tasks.shapes import SHAPES, submission_frame
 
 PROCESSED = Path("data/processed")
@@ -130,10 +131,14 @@ def main():
             inputs = model_inputs(rows, tokenizer)
             texts, pairs = inputs if isinstance(inputs, tuple) else (inputs, None)
             types = uses_types(tokenizer, pairs is not None)
-            tokenized = tokenize_texts(tokenizer, texts, run["max_length"], pairs, types)
-            sequences, token_types = tokenized[0], (tokenized[1] if types else None)
+            # long texts cut as the run's tokenize stage cut them (windows: several rows of a text)
+            try:
+                sequences, token_types, row_texts, _ = tokenize_rows(tokenizer, texts, run["max_length"], pairs, types,
+                                                                     Cutting.of(run))
+            except ValueError as error:  # a row the run's tokenize.truncation cannot cut
+                raise PipelineError(f"{args.file} {error} (the run's tokenize.truncation {run['truncation']})") from None
         begin = time.perf_counter()
-        outputs.append(fold_outputs(tokenizer, model, run, sequences, token_types, device, args.batch_size))
+        outputs.append(fold_outputs(tokenizer, model, run, sequences, token_types, device, args.batch_size, row_texts))
         predicting += time.perf_counter() - begin
     mean = np.mean(outputs, axis=0)
     frame = submission_frame(shape, rows["id"], mean, run["labels"], header, threshold, run["label_separator"],

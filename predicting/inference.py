@@ -4,9 +4,11 @@ token ids in length-sorted batches."""
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from pipeline.settings import PipelineError
+from reading.windows import mean_by_text
 from tasks.shapes import SHAPES
 
 PIPELINE = "pipeline.json"  # beside each trained model: how its data was read, cleaned and tokenized
@@ -95,9 +97,14 @@ def load_fold(folder, run, device):
     return tokenizer, model
 
 
-def fold_outputs(tokenizer, model, run, sequences, token_types, device, batch_size=None):
+def fold_outputs(tokenizer, model, run, sequences, token_types, device, batch_size=None, texts=None):
     """The outputs of one trained fold (load_fold's) for token ids: class probabilities, or values in the
-    target's units (pipeline.json's target_scale undoes the standardisation the model was trained with)."""
+    target's units (pipeline.json's target_scale undoes the standardisation the model was trained with).
+    texts: the text of each row (tokenize.truncation windows); each text's outputs are then the mean of
+    its rows', one row per text in text order."""
     logits = predict_logits(model, make_collator(tokenizer, device), sequences, batch_size or run["predict_batch_size"],
                             device, prediction_dtype(run, device), token_types)
-    return SHAPES[run["kind"]].activate(logits, run["target_scale"])
+    outputs = SHAPES[run["kind"]].activate(logits, run["target_scale"])
+    if texts is None or len(np.unique(texts)) == len(texts):  # one row per text, in order
+        return outputs
+    return mean_by_text(outputs, texts)[1]

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from reading.csvfiles import COLUMN_JOIN
+from reading.windows import Cutting, row_positions
 
 
 def pack_sequences(sequences, labels, token_types=None):
@@ -143,17 +144,65 @@ def truncate_flat(tokenizer, flat, lengths, max_length, texts_at, block=1 << 20)
     return flat[..., :write], lengths
 
 
-def tokenize_texts(tokenizer, texts, max_length, pairs=None, types=False):
-    """(token id lists cut to max_length, full lengths) of a list of texts (and of their second texts:
-    pairs), as the stage makes them; with types, (token id lists, segment id lists, full lengths)."""
+def cut_flat(tokenizer, flat, lengths, max_length, texts_at, cutting):
+    """(flat ids, lengths, text of each row) with every text longer than max_length cut as `cutting` says
+    (reading/windows.py): into one row (tail, head_tail) or several (windows). The long texts are tokenized
+    again, whole, for the tokenizer's sequence ids (where the first text's tokens are); texts_at(rows)
+    gives them. Not in place: windows may hold more ids than their text, so one new array is made.
+    flat may be (2, tokens) (encode_flat's with types). A text that cannot be cut (a second text that
+    fills max_length alone, a head_tokens or stride too large) raises ValueError naming its row."""
+    long = np.flatnonzero(lengths > max_length)
+    rows = np.arange(len(lengths))
+    if not len(long):
+        return flat, lengths, rows
+    texts = texts_at(long.tolist())
+    texts, pairs = texts if isinstance(texts, tuple) else (texts, None)
+    types = flat.ndim == 2
+    with gc_paused():
+        encoded = tokenizer(texts, pairs, return_attention_mask=False, return_token_type_ids=types, verbose=False)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    parts, part_lengths, owners, done = [], [], [], 0
+    for k, i in enumerate(long):
+        kept = row_positions(encoded.sequence_ids(k), max_length, cutting)
+        if isinstance(kept, str):
+            raise ValueError(f"row {i}: {kept}")
+        ids = np.array([encoded["input_ids"][k], encoded["token_type_ids"][k]] if types else encoded["input_ids"][k],
+                       dtype=np.int32)
+        parts += [flat[..., offsets[done]:offsets[i]], *(ids[..., at] for at in kept)]
+        part_lengths += [lengths[done:i], [len(at) for at in kept]]
+        owners += [rows[done:i], np.full(len(kept), i)]
+        done = i + 1
+    parts.append(flat[..., offsets[done]:])
+    part_lengths.append(lengths[done:])
+    owners.append(rows[done:])
+    return (np.concatenate(parts, axis=-1), np.concatenate(part_lengths).astype(np.int64),
+            np.concatenate(owners).astype(np.int64))
+
+
+def tokenize_rows(tokenizer, texts, max_length, pairs=None, types=False, cutting=None):
+    """(token id lists, segment id lists or None, text of each row, full lengths) of a list of texts (and
+    of their second texts: pairs), as the stage makes them: long texts cut as `cutting` says (windows:
+    several rows of one text; None: the head)."""
+    cutting = cutting or Cutting()
     capacity = sum(len(text.encode("utf-8")) + 8 for text in texts + (pairs or []))  # a token holds a byte or more
     pick = (lambda rows: [texts[i] for i in rows]) if pairs is None else \
         (lambda rows: ([texts[i] for i in rows], [pairs[i] for i in rows]))
     flat, full = encode_flat(tokenizer, (pick(rows) for rows in chunks(range(len(texts)))), capacity, types)
-    flat, lengths = truncate_flat(tokenizer, flat, full, max_length, pick)
+    if cutting.how == "head":
+        (flat, lengths), owners = truncate_flat(tokenizer, flat, full, max_length, pick), np.arange(len(texts))
+    else:
+        flat, lengths, owners = cut_flat(tokenizer, flat, full, max_length, pick, cutting)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
     rows = [[part[a:b] for a, b in zip(offsets[:-1], offsets[1:])] for part in np.atleast_2d(flat).tolist()]
-    return (*rows, full.tolist()) if types else (rows[0], full.tolist())
+    return rows[0], (rows[1] if types else None), owners.tolist(), full.tolist()
+
+
+def tokenize_texts(tokenizer, texts, max_length, pairs=None, types=False):
+    """(token id lists cut to max_length, full lengths) of a list of texts (and of their second texts:
+    pairs), as the stage makes them by default (the head kept); with types, (token id lists, segment id
+    lists, full lengths)."""
+    ids, token_types, _, full = tokenize_rows(tokenizer, texts, max_length, pairs, types)
+    return (ids, token_types, full) if types else (ids, full)
 
 
 def packed(flat, lengths, labels):

@@ -19,6 +19,7 @@ from pipeline.settings import PipelineError
 from predicting import folds
 from predicting.inference import fold_folders, fold_outputs, load_fold
 from reading.tokens import unpack_flat, unpack_sequences
+from reading.windows import text_of_row
 from tasks.shapes import SHAPES
 
 TEST = Path("data/tokenized/test.safetensors")
@@ -34,6 +35,7 @@ def main():
             return [folds.TEST_PREDICTIONS]
         tensors = load_file(TEST)
         sequences, token_types = unpack_sequences(tensors)[0], unpack_flat(tensors, "token_type_ids")
+        texts = text_of_row(tensors)  # tokenize.truncation windows: several rows of a text, averaged back to it
         folders, run = fold_folders(MODELS)
         if len(folders) != k:
             raise PipelineError(f"{MODELS}/fold-0 was trained in a run of {len(folders)} fold(s), and {folds.FOLDS_CSV} "
@@ -41,11 +43,11 @@ def main():
         for fold, folder in enumerate(folders):
             tokenizer, model = load_fold(folder, run, device)
             start = time.perf_counter()
-            outputs = fold_outputs(tokenizer, model, run, sequences, token_types, device)
+            outputs = fold_outputs(tokenizer, model, run, sequences, token_types, device, texts=texts)
             seconds = time.perf_counter() - start
-            print(f"fold {fold}: {len(sequences):,} test rows in {seconds:.1f} s ({len(sequences) / seconds:,.0f} rows/s) "
+            print(f"fold {fold}: {len(outputs):,} test rows in {seconds:.1f} s ({len(outputs) / seconds:,.0f} rows/s) "
                   f"on {device}")
-            frame = folds.probabilities_frame(range(len(sequences)), outputs, SHAPES[run["kind"]].outputs(run["labels"]))
+            frame = folds.probabilities_frame(range(len(outputs)), outputs, SHAPES[run["kind"]].outputs(run["labels"]))
             folds.write_probabilities(frame, tmp / folds.outputs(fold)["test"].name)
     return [folds.TEST_PREDICTIONS]
 

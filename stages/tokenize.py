@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 import transformers
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoTokenizer
@@ -31,7 +32,9 @@ from pipeline.outputs import atomic_dir, write_json
 from pipeline.settings import PipelineError, Range, load_params
 from reading.csvfiles import read_csv_chunks
 from reading.tokenfit import fit_measures, fit_warnings, sample_rows
-from reading.tokens import CHUNK, auto_max_length, encode_flat, model_inputs, model_limit, packed, truncate_flat, uses_types
+from reading.tokens import (CHUNK, auto_max_length, cut_flat, encode_flat, model_inputs, model_limit, packed,
+                           truncate_flat, uses_types)
+from reading.windows import TRUNCATIONS, Cutting
 from tasks.shapes import SHAPES
 from training.models import model_params, resolve_model
 
@@ -41,7 +44,8 @@ METRICS = Path("reports/tokenize/lengths.json")
 SPLITS = ("train", "test")
 # what each tokenize.* key accepts; load_params turns anything else into a one-line error
 TOKENIZE_PARAMS = {"max_length": (int, "auto", Range(2)),  # room for [CLS] and [SEP]
-                   "length_percentile": (float, Range(0, 100, low_open=True))}
+                   "length_percentile": (float, Range(0, 100, low_open=True)),
+                   "truncation": TRUNCATIONS, "head_tokens": (int, Range(1)), "stride": (int, Range(0))}
 
 
 
@@ -93,6 +97,28 @@ def texts_at(path, rows, tokenizer=None):
 
 
 
+def cut_split(tokenizer, flat, lengths, labels, max_length, cutting, texts_at, path):
+    """(the tensors of a tokenized split, its row counts) with its long texts cut as `cutting` says: the
+    head in place (truncate_flat), anything else into new rows (cut_flat; windows add text_of_row)."""
+    if cutting.how == "head":
+        cut, cut_lengths = truncate_flat(tokenizer, flat, lengths, max_length, texts_at)
+        return packed(cut, cut_lengths, labels), row_counts(lengths, max_length, len(lengths))
+    try:
+        cut, cut_lengths, text_of_row = cut_flat(tokenizer, flat, lengths, max_length, texts_at, cutting)
+    except ValueError as error:
+        raise PipelineError(f"{path} {error} (tokenize.truncation {cutting.how}, max_length {max_length})") from None
+    tensors = packed(cut, cut_lengths, np.asarray(labels)[text_of_row] if len(labels) else labels)
+    if cutting.how == "windows":  # several rows of a text: which text each is (reading/windows.py)
+        tensors["text_of_row"] = torch.from_numpy(text_of_row)
+    return tensors, row_counts(lengths, max_length, len(cut_lengths))
+
+
+def row_counts(lengths, max_length, rows):
+    """The tokens.* counts of a split: texts cut, the rows (windows) those became, the rows in all."""
+    cut = int((np.asarray(lengths) > max_length).sum())
+    return {"cut_texts": cut, "windows": rows - len(lengths) + cut, "rows": rows}
+
+
 def length_stats(lengths, max_length):
     """Percentiles of the token lengths and the share max_length cuts, as plain Python numbers."""
     lengths = np.asarray(lengths)
@@ -135,18 +161,23 @@ def main():
               f"rounded up to a multiple of 8, at most the model's {limit})")
     else:
         percentile = None  # not used: the metrics say so
-    stats = {"max_length": max_length, "max_length_percentile": percentile}
+    cutting = Cutting(params["truncation"], params["head_tokens"], params["stride"])
+    print(f"tokenize.truncation {cutting.describe()}: what is kept of a text longer than {max_length} tokens")
+    stats = {"max_length": max_length, "max_length_percentile": percentile, "truncation": cutting.how}
 
     with atomic_dir(OUT) as tmp:
         for path in paths:
             flat, lengths, labels = encoded.pop(path.stem)
-            cut, cut_lengths = truncate_flat(tokenizer, flat, lengths, max_length,
-                                             lambda rows: texts_at(path, rows, tokenizer))
-            save_file(packed(cut, cut_lengths, labels), tmp / f"{path.stem}.safetensors")
-            stats[path.stem] = split = length_stats(lengths, max_length)
+            tensors, rows = cut_split(tokenizer, flat, lengths, labels, max_length, cutting,
+                                      lambda rows: texts_at(path, rows, tokenizer), path)
+            save_file(tensors, tmp / f"{path.stem}.safetensors")
+            stats[path.stem] = split = {**length_stats(lengths, max_length), **rows}
             print(f"{path.stem}: {len(lengths):,} texts, token length p50 {split['p50']:g}, p99 {split['p99']:g}, "
-                  f"max {split['max']}; {split['truncated_fraction']:.2%} cut at {max_length}")
-        write_json(tmp / "settings.json", {"max_length": max_length})
+                  f"max {split['max']}; {split['cut_texts']:,} ({split['truncated_fraction']:.2%}) cut at {max_length}" +
+                  (f", into {split['windows']:,} windows: {split['rows']:,} rows"
+                   if cutting.how == "windows" else ""))
+        write_json(tmp / "settings.json", {"max_length": max_length, "truncation": cutting.how,
+                                           "head_tokens": cutting.head_tokens, "stride": cutting.stride})
     stats["fit"] = fit = fit_measures(tokenizer, texts_at(PROCESSED / "train.csv", sample_rows(train_rows)))
     print(f"tokenizer fit ({fit['sample_texts']:,} train texts): {fit['unknown_fraction']:.2%} unknown tokens, "
           f"{fit['chars_per_token']} characters per token; {fit['script_fraction']:.0%} of the texts mainly "

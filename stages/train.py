@@ -44,6 +44,7 @@ from pipeline.outputs import atomic_dir, write_json
 from pipeline.settings import SEEDS, PipelineError, Range, load_params
 from predicting import folds
 from predicting.inference import PIPELINE, make_collator
+from reading import windows
 from reading.tokens import unpack_flat, unpack_sequences
 from tasks.shapes import SHAPES
 from training import checkpoint, pruning, unpadded
@@ -144,6 +145,8 @@ def main():
     tensors = load_file(TOKENIZED / "train.safetensors")
     sequences, label_ids = unpack_sequences(tensors)
     token_types = unpack_flat(tensors, "token_type_ids")  # text pairs: which text each token belongs to
+    texts = windows.text_of_row(tensors)  # tokenize.truncation windows: several rows (windows) of a text
+    row_folds = row_folds[texts]  # each in its text's fold
     train_rows = np.flatnonzero(row_folds != fold)
     scale = shape.target_scale([label_ids[i] for i in train_rows])  # regression: the target standardised
     if scale:
@@ -154,7 +157,9 @@ def main():
     val_set = TokenizedDataset.rows(sequences, label_ids, val_rows, token_types)
     say(f"fold {fold}: training on {device}" + (f" in {world_size} processes" if world_size > 1 else "") +
         f": {len(train_set):,} train / {len(val_set):,} validation examples, {shape.describe(labels)}" +
-        (" and their second texts (pairs)" if data["pair_columns"] else ""))
+        (" and their second texts (pairs)" if data["pair_columns"] else "") +
+        (f"; windows of {len(set(texts[train_rows])):,} / {len(set(texts[val_rows])):,} texts"
+         if "text_of_row" in tensors else ""))
     batch_size, accumulation, seq_len = agreed_batch_size(model, train_set.sequences, params, world_size, device)
     dtype = autocast_dtype(params["mixed_precision"], device)
     say(f"batch: {batch_size} per step x {accumulation} accumulated" +
@@ -169,7 +174,8 @@ def main():
     live = open_live(resume, out["live"]) if main_process else None
     if live:  # the device this run was given: with a queue worker per GPU (README), which one each took
         live.summary.update(device=device, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
-    throughput, scores, collator = Throughput(), ValidationScores(shape, scale), make_collator(tokenizer, device)
+    throughput, collator = Throughput(), make_collator(tokenizer, device)
+    scores = ValidationScores(shape, scale, texts[val_rows])  # windows: each text scored once
     packed = params["unpadded"] and unpadded.supports(model)
     if params["unpadded"]:
         say("train.unpadded: padding-free batches" if packed else
@@ -225,8 +231,8 @@ def main():
         live.log_metric(f"speed/{name}", value, plot=False)
     live.make_summary()
     with atomic_dir(out["predictions"]) as tmp:
-        folds.write_probabilities(folds.probabilities_frame(val_rows, shape.activate(scores.logits, scale),
-                                                            shape.outputs(labels)), tmp / "oof.csv")
+        oof = windows.mean_by_text(shape.activate(scores.logits, scale), texts[val_rows])  # one row per text
+        folds.write_probabilities(folds.probabilities_frame(*oof, shape.outputs(labels)), tmp / "oof.csv")
     run = {**data, "labels": labels, **json.loads((TOKENIZED / "settings.json").read_text(encoding="utf-8")),
            "token_types": token_types is not None, "target_scale": scale,
            # the test rows are predicted as the validation rows were: batches of this size, in this precision

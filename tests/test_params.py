@@ -37,6 +37,7 @@ BAD_VALUES = {
     "preprocess.id_column": [5],
     "model.name": [5],
     "tokenize.max_length": [1, 0, "longest"], "tokenize.length_percentile": [0, 101],
+    "tokenize.truncation": ["middle", 5, None], "tokenize.head_tokens": [0, 1.5, "half"], "tokenize.stride": [-1, 0.5],
     "cv.folds": [0, 3, [], [1, 2]],
     "split.val_size": [0, 1, -0.1], "split.seed": [-1, 2**32],
     "baseline.word_ngrams": [-1, 6, 1.5], "baseline.char_ngrams": [1, 9, -1], "baseline.max_features": [0],
