@@ -10,11 +10,11 @@ class ValidationScores:
 
     def __init__(self, shape=SHAPES["classification"], scale=None):
         self.shape, self.scale = shape, scale
-        self.logits, self.latest = None, {}
+        self.logits, self.labels, self.latest = None, None, {}
 
     def __call__(self, eval_pred):
-        self.logits, labels = eval_pred
-        self.latest = self.shape.evaluation_scores(self.logits, labels, self.scale)
+        self.logits, self.labels = eval_pred
+        self.latest = self.shape.evaluation_scores(self.logits, self.labels, self.scale)
         return self.latest
 
 
