@@ -9,13 +9,16 @@ each evaluation. Writes, for fold K:
   how the data was read, cleaned and tokenized, which python -m predict and the predict_test
   stage read (the test rows are predicted there, so a new test file retrains nothing);
 - predictions/fold-K: oof.csv, the outputs (class probabilities, or values) of the rows it validated
-  on (its final evaluation);
+  on (its final evaluation; with train.keep_best its best by task.metric, whose weights models/fold-K
+  then holds: training/best.py);
 - reports/train/fold-K: the training curves (dvclive: loss, learning rate, validation accuracy/F1,
   epoch time, and speed/*: examples and real tokens per second and padding fraction of all
   processes together, peak memory of the largest process, batch size, number of processes).
 Runs on the GPU when there is one (mixed precision, batch size probed to fit), else on the CPU (bf16
 where the CPU has bf16 instructions, else fp32); train.mixed_precision: false keeps fp32 on both.
 train.compile hands the model to torch.compile (through Trainer's torch_compile settings).
+Gradient checkpointing, LoRA and 8-bit AdamW (training/lowmemory.py) fit a big encoder on a small GPU; the
+batch-size probe runs with them applied. A LoRA model is saved merged: a plain model for predicting.
 
 Checkpoints every machine.checkpoint_minutes into <machine.checkpoint_dir>/fold-K; a rerun with the
 same settings resumes from the newest, and Ctrl-C or SIGTERM saves one before stopping

@@ -1,19 +1,15 @@
 """train.keep_best and train.patience (training/best.py): the competition metric of an evaluation as
 scikit-learn computes it, which evaluation is best for metrics of either direction, the weights and
-outputs of the best one restored, early stopping; and end to end, a run whose last evaluation scored
-worse than an earlier one writes the earlier one's out-of-fold predictions and weights."""
-import json
-
+outputs of the best one restored, early stopping, a checkpoint carrying the best. End to end (a run whose
+last evaluation scored worse than an earlier one writes the earlier one's out-of-fold predictions and
+weights): tests/test_big_models.py, test_a_lora_run_keeps_its_best_evaluation_and_predicts_with_it."""
 import numpy as np
-import pandas as pd
 import pytest
 import torch
-from safetensors.torch import load_file
 from sklearn.metrics import f1_score, log_loss, mean_squared_error
 from transformers import TrainerControl, TrainerState
 
 from tasks.shapes import SHAPES
-from tests.test_pipeline import settle
 from training.best import BEST_FILE, KeepBest, competition_score, is_better
 from training.evaluation import ValidationScores
 
@@ -114,32 +110,3 @@ def test_a_checkpoint_carries_the_best_to_the_resumed_run(tmp_path):
     resumed.on_evaluate(None, TrainerState(global_step=40, max_steps=100), TrainerControl())
     resumed.finish()
     assert torch.all(resumed_model.weight == 20) and np.array_equal(resumed_scores.logits, RIGHT)
-
-
-def eval_curve(repo, metric):
-    lines = (repo / f"reports/train/fold-0/plots/metrics/eval/{metric}.tsv").read_text().splitlines()[1:]
-    return [(int(step), float(value)) for step, value in (line.split("\t") for line in lines)]
-
-
-def test_a_run_keeps_its_best_evaluation_not_its_last(pipeline):
-    # log loss, lower is better, evaluated 8 times over 10 epochs at a high learning rate: the tiny model
-    # grows overconfident and its validation log loss rises again after its best
-    repo, _ = pipeline
-    settle(repo)
-    last = load_file(repo / "models/fold-0/model.safetensors")
-    ran, log = settle(repo, with_log=True, train__evaluations=8, train__keep_best=True, task__metric="log_loss")
-    assert "train@0" in ran
-    curve = eval_curve(repo, "loss")  # the validation loss is the log loss of the validation rows
-    best_step, best_loss = min(curve, key=lambda point: point[1])
-    assert best_step < curve[-1][0] and curve[-1][1] > best_loss + 1e-3, curve  # the case this test is about
-    assert f"train.keep_best: kept the weights of the evaluation at step {best_step}, log_loss" in log, log
-    # the out-of-fold predictions are that evaluation's: their log loss, recomputed, is its validation loss
-    oof = pd.read_csv(repo / "predictions/fold-0/oof.csv", index_col="row")
-    labels = json.loads((repo / "data/processed/labels.json").read_text())
-    truth = pd.read_csv(repo / "data/processed/train.csv")["sentiment"].iloc[oof.index].map(labels.index)
-    assert log_loss(truth, oof[labels].to_numpy(), labels=range(3)) == pytest.approx(best_loss, abs=1e-3)
-    summary = json.loads((repo / "reports/train/fold-0/metrics.json").read_text())
-    assert summary["kept_evaluation"]["step"] == best_step
-    evaluation = json.loads((repo / "reports/evaluate/metrics.json").read_text())
-    assert evaluation["val"]["log_loss"] == pytest.approx(best_loss, abs=1e-3)
-    assert load_file(repo / "models/fold-0/model.safetensors").keys() == last.keys()

@@ -2,7 +2,7 @@
 gradients of a plain step; LoRA trains only its adapters and the head, and its merged model computes
 what the adapted one does; AdamW's state as the batch-size probe reserves it is what the optimizer
 holds. End to end, a LoRA run through the real `dvc repro` trains, and predict_test and python -m
-predict load its saved model as any other."""
+predict load its saved model as any other; with train.keep_best, that of its best evaluation."""
 import json
 import math
 import subprocess
@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
+from sklearn.metrics import f1_score
 from transformers import AutoModelForSequenceClassification
 
 from pipeline.settings import PipelineError
@@ -42,7 +43,7 @@ def test_gradient_checkpointing_gives_the_gradients_of_a_plain_step(tiny_model_d
         model = lowmemory.prepare(tiny(tiny_model_dir), {**OFF, "gradient_checkpointing": on}, "cpu", say=lambda _: None)
         model.train()
         calls = []  # the first layer's forward runs again in the backward pass when checkpointed
-        model.bert.encoder.layer[0].attention.register_forward_hook(lambda *_: calls.append(1))
+        model.bert.encoder.layer[0].attention.register_forward_hook(lambda *_, calls=calls: calls.append(1))
         model(**batch(tokenizer)).loss.backward()
         grads[on] = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
         forwards[on] = len(calls)
@@ -134,11 +135,20 @@ def test_8bit_adamw_is_cuda_only_and_says_so_elsewhere():
         assert lowmemory.optimizer(True, True, "cuda")[0] == "adamw_bnb_8bit"
 
 
-def test_a_lora_run_trains_and_predicts_through_the_pipeline(pipeline, tiny_model_dir, tmp_path):
+def eval_curve(repo, metric):
+    """(step, value) of each evaluation, as dvclive logged it."""
+    lines = (repo / f"reports/train/fold-0/plots/metrics/eval/{metric}.tsv").read_text().splitlines()[1:]
+    return [(int(step), float(value)) for step, value in (line.split("\t") for line in lines)]
+
+
+def test_a_lora_run_keeps_its_best_evaluation_and_predicts_with_it(pipeline, tiny_model_dir, tmp_path):
+    # LoRA at lr 1e-2 on the tiny BERT: it learns, then its last epochs score worse (here macro-F1 0.54 at
+    # its best, 0.46 at the end); train.keep_best keeps the best epoch; gradient checkpointing on as well
     repo, _ = pipeline
     settle(repo)
     full = load_file(repo / "models/fold-0/model.safetensors")
-    ran, log = settle(repo, with_log=True, train__lora_rank=8, train__lora_alpha=16, train__gradient_checkpointing=True)
+    ran, log = settle(repo, with_log=True, train__lora_rank=8, train__lora_alpha=16, train__lr=1e-2,
+                      train__gradient_checkpointing=True, train__keep_best=True)
     assert {"train@0", "predict_test", "evaluate"} <= ran
     assert "train.lora_rank 8: LoRA (alpha 16) on all-linear of the encoder, the head trained fully" in log, log
     assert "train.gradient_checkpointing: each layer's activations are recomputed" in log
@@ -148,21 +158,30 @@ def test_a_lora_run_trains_and_predicts_through_the_pipeline(pipeline, tiny_mode
     loaded = load_file(tiny_model_dir / "model.safetensors")
     query = "encoder.layer.0.attention.self.query.weight"
     assert not torch.equal(saved[f"bert.{query}"], loaded[query])  # the adapters merged into the weights
-    evaluation = json.loads((repo / "reports/evaluate/metrics.json").read_text())
-    assert evaluation["val"]["f1_macro"] >= 0.6 and evaluation["test"]["f1_macro"] >= 0.6, evaluation
-    # python -m predict on the validation rows (the saved, merged model) gives the out-of-fold
-    # probabilities the training computed with the adapters unmerged
-    processed = pd.read_csv(repo / "data/processed/train.csv")
-    folds = pd.read_csv(repo / "data/split/folds.csv")
+    # the best evaluation, not the last: the case this test is about
+    curve = eval_curve(repo, "f1_macro")
+    best_step, best_f1 = max(curve, key=lambda point: (point[1], -point[0]))  # a tie: the earlier
+    assert best_step < curve[-1][0] and curve[-1][1] < best_f1 - 0.01, curve
+    assert f"train.keep_best: kept the weights of the evaluation at step {best_step}, f1_macro {best_f1:.4f}" in log, log
+    assert json.loads((repo / "reports/train/fold-0/metrics.json").read_text())["kept_evaluation"]["step"] == best_step
+    # the out-of-fold predictions are that evaluation's: their macro-F1, recomputed, is its score
     oof = pd.read_csv(repo / "predictions/fold-0/oof.csv", index_col="row")
-    rows = processed.iloc[oof.index].assign(id=oof.index)
-    rows.to_csv(tmp_path / "val.csv", index=False)
+    labels = json.loads((repo / "data/processed/labels.json").read_text())
+    processed = pd.read_csv(repo / "data/processed/train.csv")
+    truth = processed["sentiment"].iloc[oof.index].map(labels.index)
+    assert f1_score(truth, oof[labels].to_numpy().argmax(1), average="macro") == pytest.approx(best_f1, abs=1e-4)
+    evaluation = json.loads((repo / "reports/evaluate/metrics.json").read_text())
+    # above chance (3 classes): LoRA on the tiny BERT's frozen random weights learns far less than on a pretrained
+    # encoder (fully fine-tuned it passes 0.8)
+    assert evaluation["val"]["accuracy"] >= 0.5 and evaluation["test"]["accuracy"] >= 0.5, evaluation
+    # python -m predict on the validation rows, with the saved (best, merged) model, gives the out-of-fold
+    # probabilities the training computed at that evaluation with the adapters unmerged
+    processed.iloc[oof.index].assign(id=oof.index).to_csv(tmp_path / "val.csv", index=False)
     subprocess.run([sys.executable, "-m", "predict", str(tmp_path / "val.csv"), "--out", str(tmp_path / "out.csv"),
                     "--probabilities", str(tmp_path / "p.csv")], cwd=repo, env=stage_env(), check=True,
                    capture_output=True, text=True)
     predicted = pd.read_csv(tmp_path / "p.csv").set_index("id")
-    assert len(folds) == len(processed)
-    assert np.abs(predicted.loc[oof.index, oof.columns].to_numpy() - oof.to_numpy()).max() < 1e-4
+    assert np.abs(predicted.loc[oof.index, labels].to_numpy() - oof[labels].to_numpy()).max() < 1e-4
 
 
 @pytest.mark.parametrize("key, spec, expected", [
@@ -188,3 +207,32 @@ def test_a_bad_lora_setting_in_the_search_space_is_one_line():
 
     with pytest.raises(PipelineError, match="tune.space train.lora_rank: choice must be a whole number at least 0"):
         parse_dimension("train.lora_rank", {"choices": [8, -1]}, yaml.safe_load((REPO / "params.yaml").read_text()))
+
+
+def lora_trainer(tiny_model_dir, tokenizer, folder, max_steps):
+    from transformers import DataCollatorWithPadding, TrainingArguments
+
+    from training.speed import CountingTrainer, Throughput
+
+    model = lowmemory.prepare(tiny(tiny_model_dir), {**OFF, "lora_rank": 4, "lora_alpha": 8}, "cpu", say=lambda _: None)
+    data = [{"input_ids": ids, "labels": i % 3} for i, ids in enumerate(tokenizer(TEXTS * 8)["input_ids"])]
+    args = TrainingArguments(output_dir=str(folder), max_steps=max_steps, learning_rate=1e-2, per_device_train_batch_size=8,
+                             save_strategy="steps", save_steps=2, report_to="none", use_cpu=True, seed=0,
+                             disable_tqdm=True)
+    return model, CountingTrainer(model=model, args=args, train_dataset=data, throughput=Throughput(),
+                                  data_collator=DataCollatorWithPadding(tokenizer))
+
+
+def test_a_lora_run_resumes_from_a_checkpoint_of_its_adapters(tiny_model_dir, tokenizer, tmp_path):
+    model, trainer = lora_trainer(tiny_model_dir, tokenizer, tmp_path / "whole", 4)
+    trainer.train()  # saves checkpoint-2 on its way
+    whole = lora.merged(model).state_dict()
+    saved = sorted(p.name for p in (tmp_path / "whole/checkpoint-2").iterdir())
+    assert "adapter_model.safetensors" in saved and "model.safetensors" not in saved, saved  # adapters and head only
+    model, trainer = lora_trainer(tiny_model_dir, tokenizer, tmp_path / "resumed", 4)
+    trainer.train(resume_from_checkpoint=str(tmp_path / "whole/checkpoint-2"))
+    assert trainer.state.global_step == 4
+    resumed, initial = lora.merged(model).state_dict(), tiny(tiny_model_dir).state_dict()
+    for name, weight in whole.items():
+        assert torch.allclose(resumed[name], weight, atol=1e-6), name
+    assert sum(not torch.equal(whole[name], initial[name]) for name in whole) > 10  # the adapted layers and the head
