@@ -9,13 +9,16 @@ each evaluation. Writes, for fold K:
   how the data was read, cleaned and tokenized, which python -m predict and the predict_test
   stage read (the test rows are predicted there, so a new test file retrains nothing);
 - predictions/fold-K: oof.csv, the outputs (class probabilities, or values) of the rows it validated
-  on (its final evaluation);
+  on (its final evaluation; with train.keep_best its best by task.metric, whose weights models/fold-K
+  then holds: training/best.py);
 - reports/train/fold-K: the training curves (dvclive: loss, learning rate, validation accuracy/F1,
   epoch time, and speed/*: examples and real tokens per second and padding fraction of all
   processes together, peak memory of the largest process, batch size, number of processes).
 Runs on the GPU when there is one (mixed precision, batch size probed to fit), else on the CPU (bf16
 where the CPU has bf16 instructions, else fp32); train.mixed_precision: false keeps fp32 on both.
 train.compile hands the model to torch.compile (through Trainer's torch_compile settings).
+Gradient checkpointing, LoRA and 8-bit AdamW (training/lowmemory.py) fit a big encoder on a small GPU; the
+batch-size probe runs with them applied. A LoRA model is saved merged: a plain model for predicting.
 
 Checkpoints every machine.checkpoint_minutes into <machine.checkpoint_dir>/fold-K; a rerun with the
 same settings resumes from the newest, and Ctrl-C or SIGTERM saves one before stopping
@@ -46,8 +49,8 @@ from predicting import folds
 from predicting.inference import PIPELINE, make_collator
 from reading import windows
 from reading.tokens import unpack_flat, unpack_sequences
-from tasks.shapes import SHAPES
-from training import checkpoint, pruning, unpadded
+from tasks.shapes import SHAPES, TASK_PARAMS, competition_metric
+from training import best, checkpoint, lora, lowmemory, pruning, unpadded
 from training.arguments import training_arguments
 from training.batch_size import check_batch_size, out_of_memory_in_training, use_expandable_segments
 from training.data import TokenizedDataset, standardised
@@ -68,25 +71,12 @@ TRAIN_PARAMS = {"epochs": (float, Range(0, low_open=True)), "batch_size": (int, 
                 "max_grad_norm": (float, Range(0)), "seed": (int, SEEDS), "group_by_length": (bool,),
                 "mixed_precision": (bool,), "tf32": (bool,), "fused_adamw": (bool,),
                 "unpadded": (bool,), "compile": (bool,), "dropout": (float, "model", Range(0, 1, high_open=True)),
-                "freeze_embeddings": (bool,), "num_processes": (int, Range(1)), "evaluations": (int, "epoch", Range(1))}
+                "freeze_embeddings": (bool,), "num_processes": (int, Range(1)), "evaluations": (int, "epoch", Range(1)),
+                "keep_best": (bool,), "patience": (int, None, Range(1)), "gradient_checkpointing": (bool,),
+                "lora_rank": (int, Range(0)), "lora_alpha": (float, Range(0, low_open=True)),
+                "lora_modules": (lora.ALL_LINEAR, list), "adamw_8bit": (bool,)}
 MACHINE_PARAMS = {"checkpoint_dir": (str,), "checkpoint_minutes": (float, Range(0, low_open=True)),
                   "checkpoint_steps": (int, None, Range(1)), "loader_workers": (int, Range(0)), "pin_memory": (bool,)}
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def speed_line(speed):
@@ -107,6 +97,8 @@ def main():
     fold = parse_fold(sys.argv[1:])
     params = load_params("train", TRAIN_PARAMS)
     machine = load_params("machine", MACHINE_PARAMS)
+    task_metric = load_params("task", TASK_PARAMS)["metric"]  # train.keep_best and train.patience go by it
+    lora.check_modules(params["lora_modules"])
     check_batch_size(params["batch_size"], per_process_batch(params["effective_batch_size"], params["num_processes"]))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     world_size, rank = join_processes(params["num_processes"], device)
@@ -142,6 +134,7 @@ def main():
     say(f"loaded {model_source}; {shape.head(labels)} is new (randomly initialised); "
         f"dropout {'as the model has it' if params['dropout'] == 'model' else params['dropout']}" +
         (", token embeddings frozen" if params["freeze_embeddings"] else ""))
+    model = lowmemory.prepare(model, params, device, say)  # before the batch-size probe, which runs its real step
     tensors = load_file(TOKENIZED / "train.safetensors")
     sequences, label_ids = unpack_sequences(tensors)
     token_types = unpack_flat(tensors, "token_type_ids")  # text pairs: which text each token belongs to
@@ -168,8 +161,9 @@ def main():
         f"{str(dtype or torch.float32).removeprefix('torch.')}{precision_note(params['mixed_precision'], device)}")
 
     inputs = [TOKENIZED / "train.safetensors", TOKENIZED / "settings.json", LABELS, SHAPE, folds.FOLDS_CSV]
-    trained_with = checkpoint.fingerprint(params, model_name, world_size, batch_size, accumulation,
-                                          checkpoint.file_digest(inputs))
+    trained_with = {**checkpoint.fingerprint(params, model_name, world_size, batch_size, accumulation,
+                                             checkpoint.file_digest(inputs)),  # a checkpoint holds its optimizer's state
+                    "optimizer": lowmemory.optimizer(params["fused_adamw"], params["adamw_8bit"], device)[0]}
     resume = checkpoint.prepare(trained_with, out["checkpoints"], main_process=main_process)
     live = open_live(resume, out["live"]) if main_process else None
     if live:  # the device this run was given: with a queue worker per GPU (README), which one each took
@@ -185,6 +179,10 @@ def main():
     callbacks = [LiveCallback(live=live)] if live else []
     if params["evaluations"] != "epoch":
         callbacks.append(pruning.EvaluateEvenly(params["evaluations"]))
+    keep = None  # train.keep_best, train.patience
+    if params["keep_best"] or params["patience"]:
+        callbacks.append(keep := best.KeepBest(model, scores, competition_metric(task_metric, shape.kind),
+                                               shape.outputs(labels), params["keep_best"], params["patience"], resume))
     reporter = None
     if trial and trial.by == "evaluation":
         n = params["evaluations"] if params["evaluations"] != "epoch" else math.ceil(params["epochs"])
@@ -224,11 +222,15 @@ def main():
     # summed or maxed over the processes: every process takes part
     speed = {**throughput.summary(), **peak_memory(), "batch_size": batch_size,
              "gradient_accumulation_steps": accumulation, "processes": world_size}
+    if keep:  # train.keep_best: the best evaluation's weights and out-of-fold outputs
+        say(keep.finish())
     if not main_process:
         return None
     print(speed_line(speed))
     for name, value in speed.items():
         live.log_metric(f"speed/{name}", value, plot=False)
+    if keep:
+        live.summary["kept_evaluation"] = keep.summary()
     live.make_summary()
     with atomic_dir(out["predictions"]) as tmp:
         oof = windows.mean_by_text(shape.activate(scores.logits, scale), texts[val_rows])  # one row per text
@@ -239,7 +241,7 @@ def main():
            "predict_batch_size": 2 * batch_size, "precision": str(dtype or torch.float32).removeprefix("torch."),
            "fold": fold, "folds": fold_count, "run": trained_with["data sha256"]}  # the same in every fold of a run
     with atomic_dir(out["model"]) as tmp:
-        model.save_pretrained(tmp)
+        lora.merged(model).save_pretrained(tmp)  # LoRA's adapters merged into the weights: a plain model
         tokenizer.save_pretrained(tmp)
         write_json(tmp / PIPELINE, run)
     checkpoint.remove(out["checkpoints"])

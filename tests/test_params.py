@@ -24,7 +24,7 @@ BOOLEANS = ["preprocess.lowercase", "preprocess.unescape_html", "preprocess.repl
             "preprocess.replace_mentions", "preprocess.normalize_whitespace", "preprocess.drop_duplicates",
             "model.trust_remote_code", "train.group_by_length", "train.mixed_precision", "train.tf32",
             "train.fused_adamw", "machine.pin_memory", "train.unpadded", "train.freeze_embeddings",
-            "train.compile"]
+            "train.compile", "train.keep_best", "train.gradient_checkpointing", "train.adamw_8bit"]
 # key: the values outside what it allows (zero, negative, too large, a wrong word or kind, as applies)
 BAD_VALUES = {
     "fetch.source": [5], "fetch.train_file": [5], "fetch.test_file": [5], "fetch.sample_submission_file": [5],
@@ -48,6 +48,8 @@ BAD_VALUES = {
     "machine.checkpoint_steps": [0, 2.5], "machine.checkpoint_minutes": [0, -1], "machine.checkpoint_dir": [5, None],
     "train.num_processes": [0], "train.dropout": [1, -0.1, "none"],
     "train.evaluations": [0, "epochs"],
+    "train.patience": [0, 1.5, "auto"], "train.lora_rank": [-1, 1.5, "auto"], "train.lora_alpha": [0, -1],
+    "train.lora_modules": ["query", [], [5]],
     "tune.study": ["a/b", 5], "tune.trials": [0], "tune.metric": ["val.f2", 5], "tune.direction": ["up"],
     "tune.seed": [-1], "tune.pruner": ["always"], "tune.pruner_startup": [-1, 101, 1.5], "tune.evaluations": [0], "tune.heartbeat": [0, 3601],
     "tune.storage": [5, "postgresql://tuner:hunter2@db/studies"],

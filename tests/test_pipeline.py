@@ -29,7 +29,8 @@ TINY_PARAMS = dict(preprocess__id_column="id", train__epochs=10, train__batch_si
 PIPELINE_PARAMS = dict(TINY_PARAMS, train__mixed_precision=False, train__unpadded=False,
                        train__dropout=0.0, train__compile=False, tokenize__max_length="auto",
                        split__val_size=0.1, preprocess__replace_mentions=True, tokenize__truncation="head",
-                       tokenize__head_tokens=128, tokenize__stride=32)
+                       tokenize__head_tokens=128, tokenize__stride=32, train__evaluations="epoch",
+                       train__keep_best=False, task__metric="auto", train__lora_rank=0, train__gradient_checkpointing=False)
 PROJECT_FILES = ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore", "predict.py")
 # the stages, the shared code they import, and the tools beside them (tests/test_layout.py: LIBRARY)
 CODE_FOLDERS = ("stages", "pipeline", "fetching", "reading", "tasks", "training", "predicting", "baselines", "tune")

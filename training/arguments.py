@@ -3,6 +3,7 @@ import torch
 from transformers import TrainingArguments
 from transformers.utils import is_torch_tf32_available
 
+from training.lowmemory import optimizer
 from training.precision import autocast_dtype
 
 
@@ -26,7 +27,7 @@ def training_arguments(params, machine, output_dir, device, batch_size, accumula
         bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16,  # with a gradient scaler
         tf32=params["tf32"] if cuda and is_torch_tf32_available() else None,  # None: leave torch's setting
-        optim="adamw_torch_fused" if params["fused_adamw"] else "adamw_torch",
+        optim=optimizer(params["fused_adamw"], params["adamw_8bit"], device)[0],  # 8-bit AdamW on CUDA
         dataloader_pin_memory=machine["pin_memory"] and cuda,
         # on the CPU, loader workers would take cores from the model
         dataloader_num_workers=machine["loader_workers"] if cuda else 0,

@@ -6,6 +6,7 @@ import os
 import torch
 
 from pipeline.settings import PipelineError
+from training.lowmemory import adamw_state_bytes
 from training.precision import autocast_dtype
 
 # Probing leaves this share of GPU memory unused: real training also holds the allocator's
@@ -83,25 +84,27 @@ def choose_batch_size(requested, effective_batch_size, fits, seq_len):
     return requested, effective_batch_size // requested
 
 
-def pick_batch_size(model, sequences, requested, effective_batch_size, mixed_precision, device):
+def pick_batch_size(model, sequences, requested, effective_batch_size, mixed_precision, device, adamw_8bit=False):
     """(per-device batch, accumulation steps, longest batch length) for train.batch_size.
-    On GPU, batches are probed at the longest sequence, padded as the collator pads it."""
+    On GPU, batches are probed at the longest sequence, padded as the collator pads it, with the model
+    as it trains (gradient checkpointing, LoRA: training.lowmemory.prepare) and AdamW's state held."""
     seq_len = max(len(s) for s in sequences)
     if device != "cuda":  # CPU memory is not worth probing: an epoch of a 2-core CPU fits easily
         return (*choose_batch_size(requested, effective_batch_size, lambda b: True, seq_len), seq_len)
     seq_len = -(-seq_len // 8) * 8  # the collator pads to a multiple of 8 on GPU
     model.to(device)
-    fits = functools.partial(cuda_fits, model, seq_len=seq_len, dtype=autocast_dtype(mixed_precision, device))
+    fits = functools.partial(cuda_fits, model, seq_len=seq_len, dtype=autocast_dtype(mixed_precision, device),
+                             adamw_8bit=adamw_8bit)
     return (*choose_batch_size(requested, effective_batch_size, fits, seq_len), seq_len)
 
 
-def step_peak_memory(model, batch_size, seq_len, dtype):
+def step_peak_memory(model, batch_size, seq_len, dtype, adamw_8bit=False):
     """Peak GPU bytes of one training step (forward, backward, AdamW's state) at batch_size x seq_len."""
     device = next(model.parameters()).device
     model.train()  # dropout's masks take memory too
     torch.cuda.reset_peak_memory_stats(device)
-    # AdamW allocates two fp32 buffers per parameter at its first step: hold their room now
-    adam_state = [torch.empty_like(p, dtype=torch.float32) for p in model.parameters() for _ in (0, 1)]
+    # AdamW allocates its two moments for each trained parameter at its first step: hold their room now
+    adam_state = torch.empty(adamw_state_bytes(model, adamw_8bit), dtype=torch.uint8, device=device)
     ids = torch.full((batch_size, seq_len), 1000, dtype=torch.long, device=device)  # any real token id
     with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
         # the sum of the outputs stands for any task shape's loss: the head's few outputs take no memory,
@@ -120,7 +123,7 @@ def memory_budget(free, total, reserved_here, headroom=MEMORY_HEADROOM):
     return headroom * (total - held_by_others)
 
 
-def cuda_fits(model, batch_size, seq_len, dtype):
+def cuda_fits(model, batch_size, seq_len, dtype, adamw_8bit=False):
     """Whether a training step at batch_size x seq_len tokens fits in this process's share of GPU
     memory (memory_budget) with MEMORY_HEADROOM to spare. Leaves the model's weights unchanged."""
     device = next(model.parameters()).device
@@ -128,7 +131,7 @@ def cuda_fits(model, batch_size, seq_len, dtype):
     free, total = torch.cuda.mem_get_info(device)
     budget = memory_budget(free, total, torch.cuda.memory_reserved(device))
     try:
-        peak = step_peak_memory(model, batch_size, seq_len, dtype)
+        peak = step_peak_memory(model, batch_size, seq_len, dtype, adamw_8bit)
     except torch.cuda.OutOfMemoryError:
         peak = None  # leaving the except clause frees the failed step's tensors
     model.zero_grad(set_to_none=True)

@@ -15,11 +15,11 @@ class ValidationScores:
 
     def __init__(self, shape=SHAPES["classification"], scale=None, texts=None):
         self.shape, self.scale, self.texts = shape, scale, texts
-        self.logits, self.latest = None, {}
+        self.logits, self.labels, self.latest = None, None, {}
 
     def __call__(self, eval_pred):
-        self.logits, labels = eval_pred
-        logits = self.logits
+        self.logits, self.labels = eval_pred
+        logits, labels = self.logits, self.labels
         if self.texts is not None and len(np.unique(self.texts)) < len(self.texts):  # windows: score each text once
             first = np.unique(self.texts, return_index=True)[1]  # its rows share its label
             logits, labels = mean_by_text(logits, self.texts)[1], labels[first]

@@ -57,7 +57,7 @@ def agreed_batch_size(model, sequences, params, world_size, device):
     processes take the same number of steps."""
     process_batch = per_process_batch(params["effective_batch_size"], world_size)
     batch_size, accumulation, seq_len = pick_batch_size(
-        model, sequences, params["batch_size"], process_batch, params["mixed_precision"], device)
+        model, sequences, params["batch_size"], process_batch, params["mixed_precision"], device, params["adamw_8bit"])
     smallest = int(across_processes([batch_size], "min")[0])
     if smallest != batch_size:
         batch_size, accumulation = smallest, process_batch // smallest
