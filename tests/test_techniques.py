@@ -4,6 +4,7 @@ each setting is named in the log, changes the trained weights, reruns only train
 and keeps the outputs' form, for each task shape (one run per shape with several techniques at once)."""
 import math
 import re
+import signal
 
 import numpy as np
 import pandas as pd
@@ -297,3 +298,94 @@ def test_balanced_focal_loss_weighs_the_training_rows_classes(pipeline, defaults
     weights = compute_class_weight("balanced", classes=np.array(classes), y=trained.to_numpy())
     assert ("train.class_weights balanced: class weights " +
             ", ".join(f"{c} {w:.3g}" for c, w in zip(classes, weights))) in log, log
+
+
+# ---- the other task shapes, and K folds: several techniques at once in one run each ----------------
+
+def shape_run(tmp_path_factory, tiny_model_dir, name, make, n, **params):
+    """A pipeline repo of one shape (tests/shape_data.py), reproduced once with params; (repo, dvc's log)."""
+    from tests.shape_data import write_data
+    from tests.test_pipeline import init_pipeline_repo, repro
+
+    base = tmp_path_factory.mktemp(name)
+    source = write_data(base / "source", make, n, 30)
+    repo = init_pipeline_repo(base / "repo", source, tiny_model_dir, train__epochs=3, train__effective_batch_size=16,
+                              train__mixed_precision=False, **params)
+    ran, log = repro(repo, with_log=True)
+    return repo, ran, log
+
+
+def test_multilabel_takes_pos_weight_focal_swa_awp_and_layer_rates(tmp_path_factory, tiny_model_dir):
+    from tests.shape_data import TOPICS, multilabel_rows
+
+    repo, ran, log = shape_run(tmp_path_factory, tiny_model_dir, "ml", multilabel_rows, 200, task__kind="multilabel",
+                               preprocess__text_column=["title", "body"], preprocess__label_column="tags",
+                               train__class_weights="balanced", train__focal_gamma=1.0, train__averaging="swa",
+                               train__adversarial="awp", train__layer_lr_decay=0.9)
+    for named in ("train.layer_lr_decay 0.9", "train.averaging swa", "train.adversarial awp:", "train.focal_gamma 1",
+                  "keeps the swa of the weights", "micro-batches trained twice"):
+        assert named in log, (named, log)
+    # pos_weight: negatives / positives of each class among the training rows, worked out here
+    tags = pd.read_csv(repo / "data/processed/train.csv", keep_default_na=False)["label"]
+    folds = pd.read_csv(repo / "data/split/folds.csv")["fold"]
+    trained = [set(filter(None, t.split("|"))) for t in tags[folds != 0]]
+    topics = sorted(TOPICS)
+    expected = [sum(t not in row for row in trained) / sum(t in row for row in trained) for t in topics]
+    assert ("train.class_weights balanced: pos_weight " + ", ".join(f"{t} {w:.3g}" for t, w in zip(topics, expected))) in log
+    oof = pd.read_csv(repo / "predictions/fold-0/oof.csv")
+    assert list(oof.columns) == ["row", *topics] and oof[topics].apply(lambda c: c.between(0, 1).all()).all()
+    assert sorted(oof["row"]) == sorted(np.flatnonzero(folds == 0))
+
+
+def test_regression_with_two_folds_takes_ema_fgm_reinit_and_layer_rates(tmp_path_factory, tiny_model_dir):
+    from tests.shape_data import regression_rows
+
+    repo, ran, log = shape_run(tmp_path_factory, tiny_model_dir, "reg", regression_rows, 160, task__kind="regression",
+                               preprocess__label_column="score", cv__folds=[0, 1], train__averaging="ema",
+                               train__adversarial="fgm", train__reinit_layers=1, train__layer_lr_decay=0.9,
+                               train__head_lr_multiple=3.0)
+    assert {"train@0", "train@1", "evaluate"} <= ran
+    for named in ("train.reinit_layers 1: the top layers re-initialised", "train.head_lr_multiple 3",
+                  "train.averaging ema", "train.adversarial fgm:"):
+        assert log.count(named) == 2, (named, log)  # once in each fold
+    folds = pd.read_csv(repo / "data/split/folds.csv")["fold"]
+    oof = pd.concat([pd.read_csv(repo / f"predictions/fold-{k}/oof.csv") for k in (0, 1)])
+    assert list(oof.columns) == ["row", "value"] and np.isfinite(oof["value"]).all()
+    assert sorted(oof["row"]) == sorted(np.flatnonzero(folds >= 0))
+    evaluation = pd.read_json(repo / "reports/evaluate/metrics.json", typ="series")
+    assert np.isfinite(evaluation["oof"]["rmse"])
+
+
+# ---- resuming: the average is part of the checkpoint -----------------------------------------------
+
+def test_a_resumed_ema_run_ends_as_an_uninterrupted_one(tmp_path_factory, tiny_data_dir, tiny_model_dir):
+    from tests.test_pipeline import dvc
+    from tests.test_resume import CHECKPOINTS, RESUME_PARAMS, copy_repo, interrupt_training, tokenized_repo
+
+    root = tmp_path_factory.mktemp("ema-resume")
+    # decay 0.99 from the first step: an average restarted at the checkpoint would weigh its steps 0.99^62 = 0.54
+    # less than the uninterrupted one, far apart from it
+    base = tokenized_repo(root / "base", tiny_data_dir, tiny_model_dir, **RESUME_PARAMS, train__averaging="ema",
+                          train__average_decay=0.99, train__average_from=0.0)
+    reference = copy_repo(base, root / "reference")
+    dvc("repro", "train", cwd=reference)
+    repo = copy_repo(base, root / "repo")
+    interrupt_training(repo, signal.SIGTERM)
+    saved = [p for p in (repo / CHECKPOINTS).glob("checkpoint-*") if (p / "trainer_state.json").is_file()]
+    assert saved and all((p / averaging.FILE).is_file() for p in saved)
+    rerun = dvc("repro", "train", cwd=repo).stdout
+    assert "resuming from" in rerun and "has no averaged.safetensors" not in rerun, rerun
+    expected, got = saved_weights(reference), saved_weights(repo)
+    for name in expected:
+        assert torch.allclose(got[name], expected[name], rtol=0, atol=1e-6), name
+
+
+def test_the_settings_go_into_tunes_space():
+    from tune.settings import parse_dimension
+
+    params = {"train": {k: None for k in techniques.TECHNIQUE_PARAMS}}
+    assert parse_dimension("train.averaging", {"choices": ["none", "ema", "swa"]}, params).choices == ("none", "ema", "swa")
+    assert parse_dimension("train.layer_lr_decay", {"low": 0.8, "high": 1.0}, params).high == 1.0
+    assert parse_dimension("train.class_weights", {"choices": ["none", "balanced"]}, params).choices
+    with pytest.raises(PipelineError, match="train.adversarial"):
+        parse_dimension("train.adversarial", {"choices": ["none", "pgd"]}, params)

@@ -80,6 +80,10 @@ class AveragingCallback(TrainerCallback):
             with safe_open(saved, "pt") as f:
                 metadata = f.metadata()
             self.average.load(load_file(saved), metadata)
+        elif self.resume and state.global_step > self.start * state.max_steps and args.process_index == 0:
+            # a run killed between Trainer's files and this one's: said, not silently a shorter average
+            print(f"train.averaging: {Path(self.resume).name} has no {FILE}; the average starts again "
+                  f"at step {state.global_step + 1}")
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step > self.start * state.max_steps:
