@@ -50,7 +50,7 @@ from predicting.inference import PIPELINE, make_collator
 from reading import windows
 from reading.tokens import unpack_flat, unpack_sequences
 from tasks.shapes import SHAPES, TASK_PARAMS, competition_metric
-from training import best, checkpoint, lora, lowmemory, pruning, unpadded
+from training import best, checkpoint, lora, lowmemory, pruning, techniques, unpadded
 from training.arguments import training_arguments
 from training.batch_size import check_batch_size, out_of_memory_in_training, use_expandable_segments
 from training.data import TokenizedDataset, standardised
@@ -74,7 +74,7 @@ TRAIN_PARAMS = {"epochs": (float, Range(0, low_open=True)), "batch_size": (int, 
                 "freeze_embeddings": (bool,), "num_processes": (int, Range(1)), "evaluations": (int, "epoch", Range(1)),
                 "keep_best": (bool,), "patience": (int, None, Range(1)), "gradient_checkpointing": (bool,),
                 "lora_rank": (int, Range(0)), "lora_alpha": (float, Range(0, low_open=True)),
-                "lora_modules": (lora.ALL_LINEAR, list), "adamw_8bit": (bool,)}
+                "lora_modules": (lora.ALL_LINEAR, list), "adamw_8bit": (bool,), **techniques.TECHNIQUE_PARAMS}
 MACHINE_PARAMS = {"checkpoint_dir": (str,), "checkpoint_minutes": (float, Range(0, low_open=True)),
                   "checkpoint_steps": (int, None, Range(1)), "loader_workers": (int, Range(0)), "pin_memory": (bool,)}
 
@@ -187,16 +187,21 @@ def main():
     if trial and trial.by == "evaluation":
         n = params["evaluations"] if params["evaluations"] != "epoch" else math.ceil(params["epochs"])
         callbacks.append(reporter := pruning.EvaluationReporter(trial, n, main_process))
+    args = training_arguments(params, machine, str(out["checkpoints"]), device, batch_size, accumulation)
+    # layer-wise rates, weight averaging, adversarial passes, class weights: each on when its setting says
+    extra, averaging = techniques.plug_in(params, model, args, shape.kind, shape.outputs(labels),
+                                          [label_ids[i] for i in train_rows], resume, say)
     with checkpoint.StopOnSignal(verbose=main_process, save_every=60 * machine["checkpoint_minutes"]) as stop:
         trainer = CountingTrainer(
             model=unpadded.UnpaddedClassifier(model) if packed else model,  # it trains `model` itself
-            args=training_arguments(params, machine, str(out["checkpoints"]), device, batch_size, accumulation),
+            args=args,
             train_dataset=train_set,
             eval_dataset=val_set,
             data_collator=unpadded.collate if packed else collator,
             compute_metrics=scores,
-            callbacks=[*callbacks, stop, ProgressLog(shown=shape.progress)],
+            callbacks=[*callbacks, *averaging, stop, ProgressLog(shown=shape.progress)],
             throughput=throughput,
+            **extra,
         )
         trainer.remove_callback(PrinterCallback)  # it prints a dict per log; ProgressLog prints for people
         try:
@@ -227,6 +232,8 @@ def main():
     if not main_process:
         return None
     print(speed_line(speed))
+    if "adversary" in extra:
+        print(techniques.adversary_line(extra["adversary"], trainer.state.global_step * accumulation))
     for name, value in speed.items():
         live.log_metric(f"speed/{name}", value, plot=False)
     if keep:

@@ -33,11 +33,13 @@ class EpochSeededLengthGroupedSampler(LengthGroupedSampler):
 class CountingTrainer(Trainer):
     """Trainer that hands every training micro-batch to a Throughput callback to be counted,
     shuffles length groups reproducibly (EpochSeededLengthGroupedSampler), and evaluates without
-    touching the RNG that dropout draws from."""
+    touching the RNG that dropout draws from. With an adversary (training/adversarial.py), each
+    micro-batch of its epochs takes a second, perturbed forward and backward."""
 
-    def __init__(self, *args, throughput, callbacks=(), **kwargs):
+    def __init__(self, *args, throughput, callbacks=(), adversary=None, **kwargs):
         super().__init__(*args, callbacks=[*callbacks, throughput], **kwargs)
         self.throughput = throughput
+        self.adversary = adversary
         # transformers 5 sees **kwargs in BertForSequenceClassification.forward, assumes the
         # model normalises its loss by num_items_in_batch and skips dividing by the accumulation
         # steps; the model's loss is a per-batch mean, so losses (and gradients) would be summed
@@ -46,7 +48,13 @@ class CountingTrainer(Trainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.throughput.count(inputs)
-        return super().training_step(model, inputs, num_items_in_batch)
+        if self.adversary is None or not self.adversary.active(self.state.epoch):
+            return super().training_step(model, inputs, num_items_in_batch)
+        with self.adversary.watch(model):  # copies: a loss function takes "labels" out of what it is given
+            loss = super().training_step(model, dict(inputs), num_items_in_batch)
+        with self.adversary.perturbed(model):  # its gradients add to the first pass's
+            super().training_step(model, dict(inputs), num_items_in_batch)
+        return loss
 
     def _get_eval_sampler(self, eval_dataset):
         # the train stage hands over its validation rows sorted by length: kept in that order, batches
