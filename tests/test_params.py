@@ -20,8 +20,7 @@ NOT_A_BOOL = "maybe"
 BOOLEANS = ["preprocess.lowercase", "preprocess.unescape_html", "preprocess.replace_urls",
             "preprocess.replace_mentions", "preprocess.normalize_whitespace", "preprocess.drop_duplicates",
             "model.trust_remote_code", "train.group_by_length", "train.mixed_precision", "train.tf32",
-            "train.fused_adamw", "machine.pin_memory", "train.unpadded", "train.freeze_embeddings",
-            "train.compile"]
+            "train.fused_adamw", "machine.pin_memory", "train.unpadded", "train.freeze_embeddings"]
 # key: the values outside what it allows (zero, negative, too large, a wrong word or kind, as applies)
 BAD_VALUES = {
     "fetch.source": [5], "fetch.train_file": [5], "fetch.test_file": [5], "fetch.sample_submission_file": [5],
@@ -41,7 +40,7 @@ BAD_VALUES = {
     "train.max_grad_norm": [-1], "train.seed": [-1, 2**32], "machine.loader_workers": [-1],
     "machine.checkpoint_steps": [0, 2.5], "machine.checkpoint_minutes": [0, -1], "machine.checkpoint_dir": [5, None],
     "train.num_processes": [0], "train.dropout": [1, -0.1, "none"],
-    "train.evaluations": [0, "epochs"],
+    "train.evaluations": [0, "epochs"], "train.compile": [NOT_A_BOOL, 1],
     "tune.study": ["a/b", 5], "tune.trials": [0], "tune.metric": ["val.f2", 5], "tune.direction": ["up"],
     "tune.seed": [-1], "tune.pruner": ["always"], "tune.evaluations": [0], "tune.heartbeat": [0, 3601],
     "tune.storage": [5, "postgresql://tuner:hunter2@db/studies"],
