@@ -34,7 +34,17 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 from transformers import logging as hf_logging
 
-from bench.common import AS_LOADED, BASELINE_MAX_LENGTH, REPO, gpu_model, load_average, load_corpus, minilm_model, recipe
+from bench.common import (
+    AS_LOADED,
+    BASELINE_MAX_LENGTH,
+    REPO,
+    gpu_model,
+    hardware_goals,
+    load_average,
+    load_corpus,
+    minilm_model,
+    recipe,
+)
 from bench.flops import matmul_peak, non_embedding_parameters, report_flops
 from bench.noop_repro import report_dvc, require_reproduced
 from bench.tokenization import report_tokenization, report_tokenize_memory
@@ -57,7 +67,11 @@ from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from stages.train import TRAIN_PARAMS
 from training.models import resolve_model
-from training.precision import autocast_dtype, cpu_has_bf16
+from training.precision import autocast_dtype, cpu_has_bf16, cpu_isa
+
+
+def _yes(flag):
+    return "yes" if flag else "no"
 
 
 def parse_args():
@@ -103,9 +117,13 @@ def main():
         params["effective_batch_size"] = opts.effective_batch_size or 1024
     baseline_steps = opts.baseline_steps or (100 if opts.gpu else 8)
     warmup = 5 if opts.gpu else 1
+    isa = cpu_isa()  # the host's, also with --gpu
     where = torch.cuda.get_device_name() if opts.gpu else f"cpu, {torch.get_num_threads()} torch threads"
-    print(f"benchmark on {where} ({os.cpu_count()} cores, load average {load_average()}); "
-          f"torch {torch.__version__}")
+    goals = hardware_goals(device, isa)
+    print(f"benchmark on {where} ({os.cpu_count()} cores, {isa}: torch's CPU kernels use "
+          f"{torch.backends.cpu.get_cpu_capability()}, AMX {_yes(torch.cpu._is_amx_tile_supported())}, "
+          f"AVX512-BF16 {_yes(torch.cpu._is_avx512_bf16_supported())}; load average {load_average()}); "
+          f"torch {torch.__version__}; rows 4 and 5 hold the goals of {goals['why']}")
 
     model_source = str(opts.tokenizer) if opts.tokenizer else resolve_model("minilm")
     tokenizer = AutoTokenizer.from_pretrained(model_source)
@@ -135,14 +153,14 @@ def main():
                       opts.steps, params)
     if opts.gpu or cpu_has_bf16():
         report_precision(*bench_precision(make_model, tokenizer, sequences, labels, params, device, opts.steps,
-                                          warmup), opts.steps, device)
+                                          warmup), opts.steps, device, goals)
     else:
-        report_precision(None, None, opts.steps, device)
+        report_precision(None, None, opts.steps, device, goals)
     if opts.gpu:
         print(f"   train.batch_size {params['batch_size']} chose {run['batch']} per step for an effective "
               f"batch of {params['effective_batch_size']}, probed at {run['seq_len']} tokens; peak GPU memory "
               f"{run['peak_gpu_gb']:.1f} GiB ({run['peak_gpu_fraction']:.0%} of the GPU)")
-    report_flops(non_embedding_parameters(make_model()), ours, baseline, run["peaks"], precision)
+    report_flops(non_embedding_parameters(make_model()), ours, baseline, run["peaks"], precision, goals)
     if opts.gpu:
         report_unpadded(make_model, tokenizer, sequences, labels, run["batch"], dtype, params)
     report_dvc(opts.repo, tokenizer)

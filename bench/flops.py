@@ -6,7 +6,7 @@ import time
 import torch
 from transformers import TrainerCallback
 
-from bench.common import GOALS, sync, verdict
+from bench.common import sync, verdict
 
 
 def matmul_peak(device, dtype, sizes, seconds):
@@ -47,7 +47,7 @@ class PeakSampler(TrainerCallback):
             self.meter.start += time.perf_counter() - start  # the pause is not training time
 
 
-def report_flops(n_params, ours, baseline, peaks, precision):
+def report_flops(n_params, ours, baseline, peaks, precision, goals):
     peak = statistics.mean(peaks)  # sampled during training: under the same load
     useful = 6 * n_params * ours["tokens_per_s"]
     share = useful / peak
@@ -55,5 +55,5 @@ def report_flops(n_params, ours, baseline, peaks, precision):
           f"{ours['tokens_per_s']:.0f} tokens/s = {useful / 1e9:.1f} GFLOP/s = {share:.0%} of the {precision} "
           f"matmul peak measured here, {peak / 1e9:.1f} GFLOP/s (mean of {len(peaks)} samples taken during "
           f"training, {min(peaks) / 1e9:.1f} to {max(peaks) / 1e9:.1f}) "
-          f"(goal >= {GOALS['mfu']:.0%}: {verdict(share, GOALS['mfu'])}); the baseline: "
+          f"(goal on {goals['why']} >= {goals['mfu']:.0%}: {verdict(share, goals['mfu'])}); the baseline: "
           f"{6 * n_params * baseline['tokens_per_s'] / peak:.0%}")

@@ -50,13 +50,13 @@ from predicting.inference import PIPELINE, make_collator
 from reading import windows
 from reading.tokens import unpack_flat, unpack_sequences
 from tasks.shapes import SHAPES, TASK_PARAMS, competition_metric
-from training import best, checkpoint, lora, lowmemory, pruning, techniques, unpadded
+from training import attention, best, checkpoint, compiling, lora, lowmemory, pruning, techniques, unpadded
 from training.arguments import training_arguments
 from training.batch_size import check_batch_size, out_of_memory_in_training, use_expandable_segments
 from training.data import TokenizedDataset, standardised
 from training.evaluation import ValidationScores, evaluated_at_end
 from training.models import load_model, model_params, resolve_model
-from training.precision import autocast_dtype, precision_note
+from training.precision import autocast_dtype, cpu_isa, precision_note
 from training.processes import agreed_batch_size, join_processes, per_process_batch
 from training.progress import LiveCallback, ProgressLog, open_live
 from training.speed import CountingTrainer, Throughput, peak_memory
@@ -70,7 +70,7 @@ TRAIN_PARAMS = {"epochs": (float, Range(0, low_open=True)), "batch_size": (int, 
                 "weight_decay": (float, Range(0, 1)), "warmup_ratio": (float, Range(0, 1, high_open=True)),
                 "max_grad_norm": (float, Range(0)), "seed": (int, SEEDS), "group_by_length": (bool,),
                 "mixed_precision": (bool,), "tf32": (bool,), "fused_adamw": (bool,),
-                "unpadded": (bool,), "compile": (bool,), "dropout": (float, "model", Range(0, 1, high_open=True)),
+                "unpadded": (bool,), "compile": (bool, "auto"), "dropout": (float, "model", Range(0, 1, high_open=True)),
                 "freeze_embeddings": (bool,), "num_processes": (int, Range(1)), "evaluations": (int, "epoch", Range(1)),
                 "keep_best": (bool,), "patience": (int, None, Range(1)), "gradient_checkpointing": (bool,),
                 "lora_rank": (int, Range(0)), "lora_alpha": (float, Range(0, low_open=True)),
@@ -155,10 +155,16 @@ def main():
          if "text_of_row" in tensors else ""))
     batch_size, accumulation, seq_len = agreed_batch_size(model, train_set.sequences, params, world_size, device)
     dtype = autocast_dtype(params["mixed_precision"], device)
+    precision = str(dtype or torch.float32).removeprefix("torch.")
+    packed = params["unpadded"] and unpadded.supports(model)
+    fp32_attention, attention_note = attention.choose(model, device, dtype, packed)
     say(f"batch: {batch_size} per step x {accumulation} accumulated" +
         (f" x {world_size} processes" if world_size > 1 else "") +
         f" = {batch_size * accumulation * world_size} per optimizer step; longest batch {seq_len} tokens; "
-        f"{str(dtype or torch.float32).removeprefix('torch.')}{precision_note(params['mixed_precision'], device)}")
+        f"{precision}{precision_note(params['mixed_precision'], device)}{attention_note}")
+    steps = compiling.run_steps(len(train_set), batch_size * accumulation * world_size, params["epochs"])
+    hardware = torch.cuda.get_device_name() if device == "cuda" else cpu_isa()
+    compiled, compile_note = compiling.choose(params["compile"], device, hardware, precision, steps)
 
     inputs = [TOKENIZED / "train.safetensors", TOKENIZED / "settings.json", LABELS, SHAPE, folds.FOLDS_CSV]
     trained_with = {**checkpoint.fingerprint(params, model_name, world_size, batch_size, accumulation,
@@ -170,13 +176,12 @@ def main():
         live.summary.update(device=device, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
     throughput, collator = Throughput(), make_collator(tokenizer, device)
     scores = ValidationScores(shape, scale, texts[val_rows])  # windows: each text scored once
-    packed = params["unpadded"] and unpadded.supports(model)
     if params["unpadded"]:
         say("train.unpadded: padding-free batches" if packed else
             f"train.unpadded: {type(model).__name__} is not a BERT-style single-label classifier; padded batches instead")
-    if params["compile"]:
-        say("train.compile: torch.compile; the first batches are slow while each new batch shape is compiled")
-    callbacks = [LiveCallback(live=live)] if live else []
+    if compile_note:
+        say(compile_note)
+    callbacks = ([LiveCallback(live=live)] if live else []) + ([attention.Fp32Attention(model)] if fp32_attention else [])
     if params["evaluations"] != "epoch":
         callbacks.append(pruning.EvaluateEvenly(params["evaluations"]))
     keep = None  # train.keep_best, train.patience
@@ -187,7 +192,8 @@ def main():
     if trial and trial.by == "evaluation":
         n = params["evaluations"] if params["evaluations"] != "epoch" else math.ceil(params["epochs"])
         callbacks.append(reporter := pruning.EvaluationReporter(trial, n, main_process))
-    args = training_arguments(params, machine, str(out["checkpoints"]), device, batch_size, accumulation)
+    args = training_arguments({**params, "compile": compiled}, machine, str(out["checkpoints"]), device,
+                              batch_size, accumulation)
     # layer-wise rates, weight averaging, adversarial passes, class weights: each on when its setting says
     extra, averaging = techniques.plug_in(params, model, args, shape.kind, shape.outputs(labels),
                                           [label_ids[i] for i in train_rows], resume, say)
@@ -245,7 +251,7 @@ def main():
     run = {**data, "labels": labels, **json.loads((TOKENIZED / "settings.json").read_text(encoding="utf-8")),
            "token_types": token_types is not None, "target_scale": scale,
            # the test rows are predicted as the validation rows were: batches of this size, in this precision
-           "predict_batch_size": 2 * batch_size, "precision": str(dtype or torch.float32).removeprefix("torch."),
+           "predict_batch_size": 2 * batch_size, "precision": precision, "compiled": compiled,
            "fold": fold, "folds": fold_count, "run": trained_with["data sha256"]}  # the same in every fold of a run
     with atomic_dir(out["model"]) as tmp:
         lora.merged(model).save_pretrained(tmp)  # LoRA's adapters merged into the weights: a plain model

@@ -24,7 +24,7 @@ BOOLEANS = ["preprocess.lowercase", "preprocess.unescape_html", "preprocess.repl
             "preprocess.replace_mentions", "preprocess.normalize_whitespace", "preprocess.drop_duplicates",
             "model.trust_remote_code", "train.group_by_length", "train.mixed_precision", "train.tf32",
             "train.fused_adamw", "machine.pin_memory", "train.unpadded", "train.freeze_embeddings",
-            "train.compile", "train.keep_best", "train.gradient_checkpointing", "train.adamw_8bit"]
+            "train.keep_best", "train.gradient_checkpointing", "train.adamw_8bit"]
 # key: the values outside what it allows (zero, negative, too large, a wrong word or kind, as applies)
 BAD_VALUES = {
     "fetch.source": [5], "fetch.train_file": [5], "fetch.test_file": [5], "fetch.sample_submission_file": [5],
@@ -47,7 +47,7 @@ BAD_VALUES = {
     "train.max_grad_norm": [-1], "train.seed": [-1, 2**32], "machine.loader_workers": [-1],
     "machine.checkpoint_steps": [0, 2.5], "machine.checkpoint_minutes": [0, -1], "machine.checkpoint_dir": [5, None],
     "train.num_processes": [0], "train.dropout": [1, -0.1, "none"],
-    "train.evaluations": [0, "epochs"],
+    "train.evaluations": [0, "epochs"], "train.compile": [NOT_A_BOOL, 1],
     "train.patience": [0, 1.5, "auto"], "train.lora_rank": [-1, 1.5, "auto"], "train.lora_alpha": [0, -1],
     "train.lora_modules": ["query", [], [5]],
     "train.layer_lr_decay": [0, 1.5], "train.head_lr_multiple": [0, 2000], "train.reinit_layers": [-1, 1.5],

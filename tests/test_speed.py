@@ -1,5 +1,6 @@
 """Correctness of the speed features: dynamic padding, length grouping, the batch-size finder,
 max_length auto and the throughput counters. Speed itself is measured by bench/benchmark.py."""
+import dataclasses
 import os
 import subprocess
 import sys
@@ -8,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, AutoModelForSequenceClassification
+from transformers import AutoConfig, AutoModelForSequenceClassification, TrainerCallback
 
 from pipeline.settings import PipelineError, load_params
 from predicting.inference import make_collator
 from reading.tokens import auto_max_length, model_limit, pack_sequences, unpack_sequences
 from stages.train import MACHINE_PARAMS, TRAIN_PARAMS
-from training import precision
+from training import attention, compiling, precision
 from training.arguments import training_arguments
 from training.batch_size import choose_batch_size, cuda_fits, find_batch_size, memory_budget
 from training.data import TokenizedDataset
@@ -254,3 +255,77 @@ def test_accumulated_loss_is_the_mean_over_micro_batches(tiny_model_dir, tokeniz
         trainer.train()
         losses[accumulation] = trainer.state.log_history[0]["loss"]
     assert losses[2] == pytest.approx(losses[1], rel=0.05)
+
+
+@pytest.mark.parametrize("setting, key, steps, compiled, says", [
+    # forced either way, whatever was measured
+    (True, ("cpu", "AVX2", "float32"), 10, True, "train.compile: torch.compile;"),
+    (False, ("cpu", "AMX", "bfloat16"), 10**6, False, None),
+    # auto, measured 2x with a cost of 300 eager steps: a compiled step saves half a step, so 600 steps
+    # save exactly the cost (not enough) and 601 half a step more
+    ("auto", ("cpu", "AMX", "bfloat16"), 600, False, "would not repay"),
+    ("auto", ("cpu", "AMX", "bfloat16"), 601, True, "repay the compiling"),
+    ("auto", ("cpu", "AVX512-BF16", "float32"), 10**6, False, "measured 1.00x"),  # no gain: never
+    ("auto", ("cpu", "AVX2", "float32"), 10**6, False, "was not measured on cpu (AVX2), float32"),
+    ("auto", ("cuda", "NVIDIA H200", "bfloat16"), 10**6, False, "was not measured"),
+])
+def test_compile_auto_compiles_where_measured_faster_and_the_run_repays_it(setting, key, steps, compiled, says):
+    measured = {("cpu", "AMX", "bfloat16"): (2.0, 300), ("cpu", "AVX512-BF16", "float32"): (1.0, 150)}
+    chosen, line = compiling.choose(setting, *key, steps, measured)
+    assert chosen is compiled
+    assert (says is None and line == "") or (says in line), line
+
+
+def test_the_run_steps_are_trainers_count():
+    assert compiling.run_steps(29_000, 32, 1) == 907   # 906.25 batches: the last one short
+    assert compiling.run_steps(29_000, 32, 0.5) == 454
+    assert compiling.run_steps(64, 16, 3) == 12
+
+
+@pytest.mark.parametrize("device, dtype, implementation, speedup, fp32", [
+    ("cpu", torch.bfloat16, "sdpa", 0.2, True),    # the EPYC's bf16 flash attention: 0.14x-0.21x fp32
+    ("cpu", torch.bfloat16, "sdpa", 0.9, False),   # within the margin: bf16 stays
+    ("cpu", torch.bfloat16, "sdpa", None, False),  # not measured
+    ("cpu", None, "sdpa", 0.2, False),             # fp32 training: nothing to change
+    ("cpu", torch.bfloat16, "eager", 0.2, False),  # the model does not use sdpa
+    ("cuda", torch.bfloat16, "sdpa", 0.2, False),  # GPUs' bf16 attention kernels are their fast ones
+])
+def test_attention_runs_in_fp32_only_on_a_cpu_whose_bf16_attention_is_slower(device, dtype, implementation, speedup,
+                                                                           fp32):
+    assert attention.attention_in_fp32(device, dtype, implementation, speedup) is fp32
+
+
+def test_fp32_attention_computes_softmax_attention_in_fp32_and_trains_with_it(tiny_model_dir, tokenizer, tmp_path):
+    """Inside bf16 autocast, the registered attention returns (in bf16) softmax(q k^T / sqrt(d) + mask) v
+    computed in fp64 from the same inputs, far closer than bf16 attention; Trainer trains with it and
+    the model saved afterwards is back on sdpa."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8).bfloat16() for _ in range(3))
+    keep = torch.ones(2, 1, 6, 6, dtype=torch.bool)
+    keep[0, :, :, 4:] = False  # the first text is 4 tokens long
+    scores = q.double() @ k.double().transpose(-1, -2) / 8**0.5
+    expected = scores.masked_fill(~keep, float("-inf")).softmax(-1) @ v.double()
+    module = torch.nn.Module()
+    module.is_causal = False
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = attention.fp32_sdpa(module, q, k, v, keep)
+        bf16, _ = attention.ALL_ATTENTION_FUNCTIONS["sdpa"](module, q, k, v, keep)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 6, 4, 8)  # (batch, tokens, heads, head dim)
+    reference = expected.transpose(1, 2)
+    assert (out.double() - reference).abs().max() <= 2**-8 * reference.abs().max()  # one bf16 rounding
+    assert (out.double() - reference).abs().max() <= (bf16.double() - reference).abs().max()
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=3)
+    seen = []
+
+    class Record(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            seen.append(model.config._attn_implementation)
+
+    data = [{"input_ids": ids, "labels": i % 3} for i, ids in enumerate(tokenizer(WORDS)["input_ids"])]
+    args = dataclasses.replace(training_arguments(train_params(), MACHINE, str(tmp_path), "cpu", 8, 1), bf16=True,
+                               max_steps=2, save_strategy="no", logging_strategy="no", eval_strategy="no")
+    CountingTrainer(model=model, args=args, train_dataset=data, data_collator=make_collator(tokenizer, "cpu"),
+                    throughput=Throughput(), callbacks=[attention.Fp32Attention(model), Record()]).train()
+    assert seen == [attention.NAME] * 2
+    assert model.config._attn_implementation == "sdpa"

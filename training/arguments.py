@@ -33,7 +33,7 @@ def training_arguments(params, machine, output_dir, device, batch_size, accumula
         dataloader_num_workers=machine["loader_workers"] if cuda else 0,
         dataloader_persistent_workers=cuda and machine["loader_workers"] > 0,
         use_cpu=not cuda,  # also what makes several processes on a CPU talk through gloo
-        torch_compile=params["compile"],
+        torch_compile=params["compile"] is True,  # auto: the train stage decides (training/compiling.py) and passes it
         # train.evaluations n: pruning.EvaluateEvenly asks for each of the n evaluations itself
         eval_strategy="epoch" if params["evaluations"] == "epoch" else "no",
         # checkpoints to resume from (the finished model goes to models/fold-K): every checkpoint_steps

@@ -12,6 +12,22 @@ from training.speed import across_processes
 BF16_MIN_SPEEDUP = 1.3
 
 
+def cpu_isa():
+    """The best of the instruction sets torch's CPU kernels use here, as they detect it: "AMX" (bf16 tile
+    matrix units, Xeon Sapphire Rapids on), "AVX512-BF16" (bf16 dot products in vector registers: recent
+    AMD EPYC, Cooper Lake), "AVX512", "AVX2", or what torch.backends.cpu.get_cpu_capability() says."""
+    if _check("_is_amx_tile_supported"):
+        return "AMX"
+    if _check("_is_avx512_bf16_supported"):
+        return "AVX512-BF16"
+    return torch.backends.cpu.get_cpu_capability()  # "AVX512", "AVX2", "DEFAULT" (or another platform's)
+
+
+def _check(name):
+    check = getattr(torch.cpu, name, None)
+    return bool(check and check())
+
+
 def cpu_has_bf16():
     """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX), as torch's own kernels detect them."""
     checks = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))

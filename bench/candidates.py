@@ -1,0 +1,116 @@
+"""Each candidate change to the CPU training step against the train stage's defaults of today, side by
+side in one run (the defaults run half their steps before the candidate and half after), as a ratio of
+real tokens/s. The embedded MiniLM on the embedded tweets at the train stage's settings.
+
+    python -m bench.candidates --threads 1 --steps 16            # all candidates
+    python -m bench.candidates --only fp32_attention compile      # some
+
+Candidates (each alone, the defaults otherwise):
+- fp32_attention: the attention in fp32 inside bf16 autocast (training/attention.py);
+- eager_attention: transformers' eager attention (matmuls and softmax) instead of SDPA's CPU kernel;
+- compile: train.compile true (torch.compile, Inductor), untimed warm-up steps include the compiling;
+- compile_fp32_attention: both;
+- foreach_adamw: train.fused_adamw false (transformers' adamw_torch) against the fused kernel;
+- micro_batch_16: batches of 16, accumulated twice (the same effective batch of 32);
+- effective_64: batches of 64 (a larger effective batch: changes the result, for its speed only);
+- unpadded: train.unpadded true (padding-free batches; on a CPU the per-text attention path).
+"""
+import argparse
+import dataclasses
+import os
+import tempfile
+import time
+
+import torch
+from transformers import AutoConfig, AutoTokenizer
+from transformers import logging as hf_logging
+
+from bench.common import NO_CHECKPOINTS, QUIET, REPO, dataset, free_gpu, load_average, load_corpus, minilm_model, recipe
+from bench.training import COMPILE_WARMUP, run_steps, side_by_side
+from pipeline.settings import load_params
+from predicting.inference import make_collator
+from reading.tokens import auto_max_length, model_limit, tokenize_texts
+from stages.preprocess import PREPROCESS_PARAMS
+from stages.tokenize import TOKENIZE_PARAMS
+from stages.train import TRAIN_PARAMS
+from training import attention, unpadded
+from training.arguments import training_arguments
+from training.batch_size import pick_batch_size
+from training.models import resolve_model
+from training.precision import autocast_dtype, cpu_isa
+
+CANDIDATES = {  # name: (train.* changes, fp32 attention, attn_implementation)
+    "fp32_attention": ({}, True, None),
+    "eager_attention": ({}, False, "eager"),
+    "compile": ({"compile": True}, False, None),
+    "compile_fp32_attention": ({"compile": True}, True, None),
+    "foreach_adamw": ({"fused_adamw": False}, False, None),
+    "micro_batch_16": ({"batch_size": 16}, False, None),
+    "effective_64": ({"batch_size": 64, "effective_batch_size": 64}, False, None),
+    "unpadded": ({"unpadded": True}, False, None),
+}
+
+
+def train(params, tokenizer, sequences, data, folder, steps, warmup, fp32_attention=False, implementation=None):
+    """Throughput of `steps` steps of the train stage's settings `params` (CPU, no checkpoints)."""
+    model = minilm_model(**recipe(params))
+    if implementation:
+        model.set_attn_implementation(implementation)
+    batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"], params["effective_batch_size"],
+                                             params["mixed_precision"], "cpu")
+    args = dataclasses.replace(training_arguments(params, NO_CHECKPOINTS, folder, "cpu", batch, accumulation),
+                               **QUIET, save_strategy="no")
+    packed = params["unpadded"] and unpadded.supports(model)
+    callbacks = [attention.Fp32Attention(model)] if fp32_attention else []
+    meter = run_steps(unpadded.UnpaddedClassifier(model) if packed else model, args, data,
+                      unpadded.collate if packed else make_collator(tokenizer, "cpu"), steps,
+                      COMPILE_WARMUP if params["compile"] is True else warmup, callbacks=callbacks)[0]
+    free_gpu()
+    return meter
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=16, help="timed optimizer steps per side")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--only", nargs="+", choices=sorted(CANDIDATES), help="these candidates only")
+    opts = parser.parse_args()
+    hf_logging.disable_progress_bar()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    os.chdir(REPO)
+    params = load_params("train", TRAIN_PARAMS)
+    tokenize = load_params("tokenize", TOKENIZE_PARAMS)
+    source = resolve_model("minilm")
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    texts, labels, _ = load_corpus(load_params("preprocess", PREPROCESS_PARAMS))
+    _, lengths = tokenize_texts(tokenizer, texts, 512)
+    max_length = tokenize["max_length"]
+    if max_length == "auto":
+        max_length = auto_max_length(lengths, tokenize["length_percentile"],
+                                     model_limit(tokenizer, AutoConfig.from_pretrained(source)))
+    sequences, _ = tokenize_texts(tokenizer, texts, max_length)
+    dtype = autocast_dtype(params["mixed_precision"], "cpu")
+    print(f"candidates on cpu ({cpu_isa()}), {torch.get_num_threads()} torch threads, load average "
+          f"{load_average()}; torch {torch.__version__}; the defaults train in {dtype or torch.float32}")
+    with tempfile.TemporaryDirectory() as folder:
+        data = dataset(folder, "train", sequences, labels)
+        for name in opts.only or CANDIDATES:
+            changes, fp32_attention, implementation = CANDIDATES[name]
+            start = time.perf_counter()
+
+            def run(candidate, n):
+                if not candidate:
+                    return train(params, tokenizer, sequences, data, folder, n, 1)
+                return train({**params, **changes}, tokenizer, sequences, data, folder, n, 1,
+                             fp32_attention, implementation)
+
+            default, changed = side_by_side(run, opts.steps)
+            ratio = changed["tokens_per_s"] / default["tokens_per_s"]
+            print(f"{name}: {changed['tokens_per_s']:.0f} vs {default['tokens_per_s']:.0f} real tokens/s, "
+                  f"{opts.steps} steps each: {ratio:.2f}x ({time.perf_counter() - start:.0f} s, load average "
+                  f"{load_average()})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

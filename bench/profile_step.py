@@ -1,0 +1,205 @@
+"""Where a default training step's time goes: torch.profiler over a few optimizer steps of the embedded
+MiniLM at the train stage's settings (length-grouped batches of the embedded tweets, train.dropout,
+train.freeze_embeddings, the fused AdamW), in bf16 autocast and in fp32, each operation's own time
+sorted into a few kinds of work.
+
+    python -m bench.profile_step                 # both precisions, 10 profiled steps each after 3 untimed
+    python -m bench.profile_step --steps 20 --threads 1 --compile   # compiled (train.compile) as a third column
+
+Prints a table: milliseconds per optimizer step and share of the step for matrix products, attention,
+LayerNorm, GELU, softmax, dropout, dtype casts (autocast's, forward and backward), the embeddings,
+other elementwise operations and reductions, the optimizer (AdamW, gradient clipping, zero_grad), the
+autograd engine's own time, and the rest of the wall time: Python (Trainer, the model's modules,
+collating batches) and the dispatch of every operation before its kernel starts. The profiler adds a
+few microseconds to each operation, counted in that last row; the "wall" row is the step time with
+the profiler on, "unprofiled" the same steps timed without it.
+"""
+import argparse
+import dataclasses
+import os
+import tempfile
+import time
+
+import torch
+from transformers import TrainerCallback
+from transformers import logging as hf_logging
+from transformers.trainer_callback import PrinterCallback
+
+from bench.common import NO_CHECKPOINTS, QUIET, REPO, dataset, load_average, load_corpus, minilm_model, recipe
+from pipeline.settings import load_params
+from predicting.inference import make_collator
+from reading.tokens import auto_max_length, model_limit, tokenize_texts
+from stages.preprocess import PREPROCESS_PARAMS
+from stages.tokenize import TOKENIZE_PARAMS
+from stages.train import TRAIN_PARAMS
+from training.arguments import training_arguments
+from training.batch_size import pick_batch_size
+from training.models import resolve_model
+from training.precision import cpu_isa
+from training.speed import CountingTrainer, Throughput
+
+# (row, operations whose own time is that row's), in the table's order; the first match wins
+KINDS = [
+    ("matrix products (mm, addmm, bmm)", {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
+                                          "aten::_addmm_activation", "aten::matmul", "aten::linear"}),
+    ("attention (SDPA kernels)", {"aten::_scaled_dot_product_flash_attention_for_cpu",
+                                  "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                                  "aten::_scaled_dot_product_attention_math",
+                                  "aten::scaled_dot_product_attention"}),
+    ("LayerNorm", {"aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::layer_norm"}),
+    ("GELU", {"aten::gelu", "aten::gelu_backward"}),
+    ("softmax", {"aten::_softmax", "aten::_softmax_backward_data", "aten::softmax"}),
+    ("dropout (masks, scaling)", {"aten::bernoulli_", "aten::native_dropout", "aten::native_dropout_backward",
+                                  "aten::dropout"}),
+    ("dtype casts (autocast)", {"aten::to", "aten::_to_copy", "aten::copy_"}),
+    ("embeddings", {"aten::embedding", "aten::embedding_backward", "aten::embedding_dense_backward"}),
+]
+CAST_OPS = {"aten::to", "aten::_to_copy"}  # what they allocate and copy into is the cast's time too
+OPTIMIZER = "optimizer (AdamW, clipping, zero_grad)"
+ELEMENTWISE = "other elementwise and reductions"
+AUTOGRAD = "autograd engine"
+REST = "Python, Trainer, dispatch (wall - ops)"
+ROWS = [name for name, _ in KINDS] + [ELEMENTWISE, OPTIMIZER, AUTOGRAD, REST]
+
+
+def kind_of(event):
+    """The table row of one profiled event's own time, from its name and those of its callers."""
+    chain, parent = [], event.cpu_parent
+    while parent is not None:
+        chain.append(parent.name)
+        parent = parent.cpu_parent
+    if any(n.startswith(("Optimizer.step", "Optimizer.zero_grad")) for n in [event.name, *chain]) or \
+            event.name.startswith("aten::_foreach") or any(n.startswith("aten::_foreach") for n in chain):
+        return OPTIMIZER  # clip_grad_norm_ is foreach norms and multiplies
+    if any(n in CAST_OPS for n in chain):
+        return "dtype casts (autocast)"
+    for name, ops in KINDS:
+        if event.name in ops:
+            return name
+    if event.name.startswith("autograd::engine") or event.name.endswith("Backward0") or \
+            event.name.endswith("Backward1"):
+        return AUTOGRAD
+    return ELEMENTWISE
+
+
+def top_operations(events, steps, n):
+    """Lines naming the n operations of most own time per step, with the row each counts in."""
+    own = {}
+    for event in events:
+        if event.device_type == torch.autograd.DeviceType.CPU:
+            key = (event.name, kind_of(event))
+            own[key] = own.get(key, 0.0) + event.self_cpu_time_total / 1e3 / steps
+    return [f"  {ms:8.1f} ms  {name}  [{kind}]" for (name, kind), ms in sorted(own.items(), key=lambda x: -x[1])[:n]]
+
+
+def breakdown(events, wall_s, steps):
+    """{row: milliseconds per optimizer step} from the profiler's events over `steps` steps of wall_s."""
+    totals = dict.fromkeys(ROWS, 0.0)
+    for event in events:
+        if event.device_type == torch.autograd.DeviceType.CPU:
+            totals[kind_of(event)] += event.self_cpu_time_total / 1e3  # microseconds -> ms
+    totals[REST] = max(0.0, wall_s * 1e3 - sum(totals.values()))
+    return {row: ms / steps for row, ms in totals.items()}
+
+
+class ProfileSteps(TrainerCallback):
+    """Profiles optimizer steps warmup+1 .. warmup+steps; times the same number of steps unprofiled
+    before them (after the warm-up), so both clocks see the same kind of batches."""
+
+    def __init__(self, warmup, steps):
+        self.warmup, self.steps = warmup, steps
+        self.profiler = self.start = None
+        self.unprofiled_s = self.wall_s = 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.warmup:
+            self.start = time.perf_counter()
+        elif state.global_step == self.warmup + self.steps:
+            self.unprofiled_s = time.perf_counter() - self.start
+            self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self.profiler.__enter__()
+            self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.warmup + 2 * self.steps:
+            self.wall_s = time.perf_counter() - self.start
+            self.profiler.__exit__(None, None, None)
+            control.should_training_stop = True
+
+
+def profile(params, sequences, labels, tokenizer, folder, bf16, compiled, warmup, steps, top=0):
+    """(ms per step by row, unprofiled ms per step, batch) of the train stage's settings in bf16 or fp32."""
+    model = minilm_model(**recipe(params))
+    batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"],
+                                             params["effective_batch_size"], bf16, "cpu")
+    args = dataclasses.replace(training_arguments({**params, "mixed_precision": False, "compile": compiled},
+                                                  NO_CHECKPOINTS, folder, "cpu", batch, accumulation),
+                               **QUIET, save_strategy="no", bf16=bf16, max_steps=warmup + 2 * steps + 1)
+    callback = ProfileSteps(warmup, steps)
+    trainer = CountingTrainer(model=model, args=args, train_dataset=dataset(folder, "train", sequences, labels),
+                              data_collator=make_collator(tokenizer, "cpu"), throughput=Throughput(),
+                              callbacks=[callback])
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    events = callback.profiler.events()
+    return (breakdown(events, callback.wall_s, steps), callback.unprofiled_s * 1e3 / steps, (batch, accumulation),
+            top_operations(events, steps, top))
+
+
+def table(columns):
+    """Markdown table: a row per kind of work, per column its ms per step and share of the step."""
+    names = list(columns)
+    lines = ["| work | " + " | ".join(f"{n} ms/step | {n} share" for n in names) + " |",
+             "|---|" + "---:|---:|" * len(names)]
+    for row in ROWS:
+        cells = []
+        for n in names:
+            ms, total = columns[n][0][row], sum(columns[n][0].values())
+            cells += [f"{ms:.1f}", f"{ms / total:.0%}"]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines.append("| wall, profiled | " + " | ".join(f"{sum(columns[n][0].values()):.1f} | 100%" for n in names) + " |")
+    lines.append("| wall, unprofiled | " + " | ".join(f"{columns[n][1]:.1f} | " for n in names) + " |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=10, help="profiled optimizer steps (and as many timed unprofiled)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compiled: 10)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--top", type=int, default=0, help="also list each run's N operations of most own time")
+    parser.add_argument("--compile", action="store_true", help="add a column: bf16 compiled (train.compile)")
+    opts = parser.parse_args()
+    hf_logging.disable_progress_bar()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    os.chdir(REPO)
+    params = load_params("train", TRAIN_PARAMS)
+    tokenize = load_params("tokenize", TOKENIZE_PARAMS)
+    source = resolve_model("minilm")
+    from transformers import AutoConfig, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    texts, labels, _ = load_corpus(load_params("preprocess", PREPROCESS_PARAMS))
+    max_length = tokenize["max_length"]
+    if max_length == "auto":
+        _, lengths = tokenize_texts(tokenizer, texts, 512)
+        max_length = auto_max_length(lengths, tokenize["length_percentile"],
+                                     model_limit(tokenizer, AutoConfig.from_pretrained(source)))
+    sequences, _ = tokenize_texts(tokenizer, texts, max_length)
+    print(f"profile on cpu ({cpu_isa()}), {torch.get_num_threads()} torch threads, load average {load_average()}; "
+          f"torch {torch.__version__}; max_length {max_length}")
+    runs = [("fp32", False, False), ("bf16", True, False)] + ([("bf16 compiled", True, True)] if opts.compile else [])
+    columns = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for name, bf16, compiled in runs:
+            warmup = max(opts.warmup, 10) if compiled else opts.warmup
+            by_row, unprofiled, batch, top = profile(params, sequences, labels, tokenizer, folder, bf16, compiled,
+                                                     warmup, opts.steps, opts.top)
+            columns[name] = (by_row, unprofiled)
+            print(f"{name}: batch {batch[0]} x {batch[1]}, {unprofiled:.1f} ms per step unprofiled", *top, sep="\n")
+    print(table(columns))
+    print(f"load average at the end: {load_average()}")
+
+
+if __name__ == "__main__":
+    main()

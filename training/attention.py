@@ -1,0 +1,97 @@
+"""Attention in fp32 inside bf16 autocast, on a CPU whose bf16 attention kernel is slower than its fp32 one.
+
+PyTorch's CPU flash-attention kernel (scaled_dot_product_attention) trained MiniLM's attention 4-5x
+slower in bf16 than in fp32 on an AMD EPYC with AVX512-BF16 and no AMX (fwd + bwd, batch 32 x 12
+heads x 40 tokens x 32: 237-322 ms vs 50-59 ms; `python -m bench.profile_step`: 42% of a bf16 step),
+while bf16 matmuls there run 3.7x fp32. So on such a CPU the matrix products stay in bf16 and the
+attention runs in fp32: registered with transformers' AttentionInterface as "sdpa_fp32" (the sdpa
+function and its masks, autocast off around it, q, k, v cast up and the output cast back), and
+switched on for training by a callback, so that the saved model's config still says "sdpa".
+Which precision is faster is measured on the machine (bf16_attention_speedup), as for the matmuls.
+"""
+import functools
+import time
+
+import torch
+from transformers import AttentionInterface, TrainerCallback
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+
+from training.speed import across_processes
+
+NAME = "sdpa_fp32"
+# bf16 attention must be this much slower than fp32 for fp32 to be used: a clear margin, so that the
+# choice does not flip with the load (measured: 0.19x-0.21x on the EPYC above)
+SLOWER_THAN = 0.8
+
+
+def fp32_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """transformers' sdpa attention computed in fp32, its output in the dtype of the query."""
+    mask = attention_mask.float() if attention_mask is not None and attention_mask.is_floating_point() else attention_mask
+    with torch.autocast(query.device.type, enabled=False):
+        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), mask, **kwargs)
+    return out.to(query.dtype), weights
+
+
+AttentionInterface.register(NAME, fp32_sdpa)
+AttentionMaskInterface.register(NAME, sdpa_mask)  # the same masks as sdpa
+assert NAME in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+
+
+def attention_in_fp32(device, autocast_dtype, attn_implementation, bf16_speedup):
+    """Whether training should run the attention in fp32: on a CPU, in bf16 autocast, for a model that
+    uses sdpa, where bf16 attention was measured slower than fp32 (bf16_speedup: bf16 / fp32 speed;
+    None: not measured)."""
+    return (device == "cpu" and autocast_dtype == torch.bfloat16 and attn_implementation == "sdpa"
+            and bf16_speedup is not None and bf16_speedup < SLOWER_THAN)
+
+
+@functools.lru_cache(maxsize=None)
+def bf16_attention_speedup(batch=8, heads=12, length=48, head_dim=32, burst_seconds=0.05):
+    """How many times faster this CPU trains through scaled_dot_product_attention (forward and backward,
+    with a padding mask) in bf16 than in fp32, in a fraction of a second: the best of three interleaved
+    bursts each. In a multi-process run all take the slowest ratio (a collective, like cpu_bf16_speedup)."""
+    rates = {torch.float32: 0.0, torch.bfloat16: 0.0}
+    mask = torch.ones(batch, 1, length, length, dtype=torch.bool)
+    mask[: batch // 2, :, :, length // 2:] = False  # half the texts padded to twice their length
+    inputs = {dtype: [torch.randn(batch, heads, length, head_dim, dtype=dtype, requires_grad=True) for _ in range(3)]
+              for dtype in rates}
+
+    def step(dtype):
+        torch.nn.functional.scaled_dot_product_attention(*inputs[dtype], attn_mask=mask).sum().backward()
+
+    for _ in range(3):
+        for dtype in rates:
+            step(dtype)  # the first call may pick kernels
+            count, start = 0, time.perf_counter()
+            while time.perf_counter() - start < burst_seconds:
+                step(dtype)
+                count += 1
+            rates[dtype] = max(rates[dtype], count / (time.perf_counter() - start))
+    return across_processes([rates[torch.bfloat16] / rates[torch.float32]], "min")[0]
+
+
+class Fp32Attention(TrainerCallback):
+    """Switches the model's attention to NAME while Trainer trains and evaluates, and back to sdpa at
+    the end, so that the saved config is the model's own."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.model.set_attn_implementation(NAME)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.model.set_attn_implementation("sdpa")
+
+
+def choose(model, device, dtype, packed):
+    """(whether this run trains its attention in fp32, a note for the log): attention_in_fp32 with the
+    speedup measured here when it could matter (a CPU in bf16); never for padding-free batches
+    (training.unpadded has its own attention path)."""
+    implementation = getattr(model.config, "_attn_implementation", None)
+    measured = bf16_attention_speedup() if device == "cpu" and dtype == torch.bfloat16 and not packed else None
+    if not attention_in_fp32(device, dtype, implementation, measured):
+        return False, ""
+    return True, f"; attention in fp32 (bf16 attention measured {measured:.2f}x as fast as fp32 here)"

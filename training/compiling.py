@@ -1,0 +1,50 @@
+"""train.compile: whether to hand the model to torch.compile, chosen from what was measured on hardware of
+this kind (true and false force it).
+
+Compiling pays for itself when the steps it speeds up save more time than the compiling costs. Both
+were measured side by side by `python -m bench.benchmark --compile` (row 7) and `python -m bench.candidates`
+on the embedded MiniLM, per kind of hardware and training precision: MEASURED holds the compiled/eager
+throughput and the compiling's cost counted in eager steps (its seconds / an eager step's seconds, from
+the same run, so that the cost scales with the machine's speed and load). Hardware not in the table has
+not been measured: auto leaves it eager and says how to measure it. A result that differs between the
+two choices (fused kernels round differently) is still a setting of the result: the choice is made from
+the hardware, as train.mixed_precision's is, and the log and the saved run (pipeline.json) say which.
+"""
+import math
+
+# (device, ISA, precision) -> (compiled / eager real tokens/s, compiling's cost in eager steps), measured
+# on the embedded MiniLM at the train stage's defaults (docs/speed.md, Compiling)
+MEASURED = {
+    ("cpu", "AVX512-BF16", "float32"): (1.0, 150),  # 0.85x-1.12x in six runs on a 2-core EPYC: no gain
+}
+
+
+def run_steps(examples, examples_per_step, epochs):
+    """Optimizer steps of a run: Trainer's count for `epochs` passes over `examples` (a fraction stops mid-epoch)."""
+    return math.ceil(math.ceil(examples / examples_per_step) * epochs)
+
+
+def pays_off(speedup, cost_steps, steps):
+    """Whether compiling saves more eager-step time over `steps` steps than it costs: a step compiled takes
+    1 / speedup of an eager one, so it saves (1 - 1/speedup) of a step, each, against cost_steps."""
+    return speedup > 1 and steps * (1 - 1 / speedup) > cost_steps
+
+
+def choose(setting, device, isa, precision, steps, measured=None):
+    """(compile or not, the log line saying why) for train.compile `setting` (True, False or "auto") on
+    `device` with instruction set `isa` ("AMX", "AVX512-BF16", ...; a GPU: its name) training in
+    `precision` ("bfloat16", "float32", "float16") for `steps` optimizer steps; measured: MEASURED."""
+    if isinstance(setting, bool):
+        return setting, ("train.compile: torch.compile; the first batches are slow while each new batch shape "
+                         "is compiled") if setting else ""
+    facts = (measured if measured is not None else MEASURED).get((device, isa, precision))
+    where = f"{device} ({isa}), {precision}"
+    if facts is None:
+        return False, (f"train.compile auto: eager, torch.compile was not measured on {where} "
+                       "(python -m bench.benchmark --compile measures it; train.compile: true uses it)")
+    speedup, cost = facts
+    if pays_off(speedup, cost, steps):
+        return True, (f"train.compile auto: torch.compile, measured {speedup:.2f}x eager on {where}, so "
+                      f"{steps} steps repay the compiling (about {cost} steps' time)")
+    return False, (f"train.compile auto: eager, torch.compile measured {speedup:.2f}x eager on {where}; "
+                   f"{steps} steps would not repay the compiling (about {cost} steps' time)")
