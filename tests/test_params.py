@@ -157,6 +157,7 @@ NUMBER = r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
 
 def specs():
     """{section.key: the kinds load_params checks it against}, from the modules that check each section."""
+    from stages.baseline import BASELINE_PARAMS
     from stages.fetch import FETCH_PARAMS
     from stages.preprocess import PREPROCESS_PARAMS
     from stages.split import CV_PARAMS, SPLIT_PARAMS
@@ -168,7 +169,7 @@ def specs():
 
     sections = {"fetch": FETCH_PARAMS, "task": TASK_PARAMS, "preprocess": PREPROCESS_PARAMS, "model": MODEL_PARAMS,
                 "tokenize": TOKENIZE_PARAMS, "cv": CV_PARAMS, "split": SPLIT_PARAMS, "train": TRAIN_PARAMS,
-                "machine": MACHINE_PARAMS, "tune": TUNE_PARAMS}
+                "machine": MACHINE_PARAMS, "tune": TUNE_PARAMS, "baseline": BASELINE_PARAMS}
     return {f"{section}.{key}": kinds for section, spec in sections.items() for key, kinds in spec.items()}
 
 
