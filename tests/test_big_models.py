@@ -168,7 +168,7 @@ def test_a_lora_run_keeps_its_best_evaluation_and_predicts_with_it(pipeline, tin
     oof = pd.read_csv(repo / "predictions/fold-0/oof.csv", index_col="row")
     labels = json.loads((repo / "data/processed/labels.json").read_text())
     processed = pd.read_csv(repo / "data/processed/train.csv")
-    truth = processed["sentiment"].iloc[oof.index].map(labels.index)
+    truth = processed["label"].iloc[oof.index].map(labels.index)
     assert f1_score(truth, oof[labels].to_numpy().argmax(1), average="macro") == pytest.approx(best_f1, abs=1e-4)
     evaluation = json.loads((repo / "reports/evaluate/metrics.json").read_text())
     # above chance (3 classes): LoRA on the tiny BERT's frozen random weights learns far less than on a pretrained
