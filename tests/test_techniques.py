@@ -2,6 +2,7 @@
 out by hand or by another library, then end to end through the real `dvc repro` on the tiny pipeline:
 each setting is named in the log, changes the trained weights, reruns only train and what follows it,
 and keeps the outputs' form, for each task shape (one run per shape with several techniques at once)."""
+import json
 import math
 import re
 import signal
@@ -328,7 +329,7 @@ def test_multilabel_takes_pos_weight_focal_swa_awp_and_layer_rates(tmp_path_fact
     # pos_weight: negatives / positives of each class among the training rows, worked out here
     tags = pd.read_csv(repo / "data/processed/train.csv", keep_default_na=False)["label"]
     folds = pd.read_csv(repo / "data/split/folds.csv")["fold"]
-    trained = [set(filter(None, t.split("|"))) for t in tags[folds != 0]]
+    trained = [set(json.loads(t)) for t in tags[folds != 0]]  # preprocess writes a row's classes as a JSON list
     topics = sorted(TOPICS)
     expected = [sum(t not in row for row in trained) / sum(t in row for row in trained) for t in topics]
     assert ("train.class_weights balanced: pos_weight " + ", ".join(f"{t} {w:.3g}" for t, w in zip(topics, expected))) in log
@@ -346,7 +347,7 @@ def test_regression_with_two_folds_takes_ema_fgm_reinit_and_layer_rates(tmp_path
                                train__head_lr_multiple=3.0)
     assert {"train@0", "train@1", "evaluate"} <= ran
     for named in ("train.reinit_layers 1: the top layers re-initialised", "train.head_lr_multiple 3",
-                  "train.averaging ema", "train.adversarial fgm:"):
+                  "train.averaging ema", "train.adversarial fgm: epsilon 1 on the word embeddings"):
         assert log.count(named) == 2, (named, log)  # once in each fold
     folds = pd.read_csv(repo / "data/split/folds.csv")["fold"]
     oof = pd.concat([pd.read_csv(repo / f"predictions/fold-{k}/oof.csv") for k in (0, 1)])

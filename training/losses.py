@@ -34,6 +34,7 @@ def balanced_pos_weights(indicators):
     """negatives / positives of each class (rows x classes 0/1 indicators); 1 for a class never or
     always present."""
     indicators = np.asarray(indicators, dtype=float)
+    indicators = indicators[~np.isnan(indicators).any(axis=1)]  # a row without labels says nothing
     positives = indicators.sum(axis=0)
     negatives = len(indicators) - positives
     weights = np.ones(indicators.shape[1])
