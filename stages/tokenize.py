@@ -10,6 +10,10 @@ characters per token, the texts' script and whether the tokenizer breaks it apar
 jamo, accents stripped). Past a threshold it prints a warning line saying what it found and what to
 try (model.name, tokenize.max_length); the run goes on. The train stage reads only train.safetensors: a new test file retrains nothing.
 
+A text longer than max_length keeps its head, its tail, its head and tail, or becomes overlapping windows,
+each a row of its own (tokenize.truncation; reading/windows.py; windows add `text_of_row` to the file);
+the metrics count the texts cut (cut_texts), the rows they became (windows) and all rows (rows).
+
 Text pairs go to the tokenizer as pairs ([CLS] a [SEP] b [SEP]); their segment ids (token_type_ids) are
 stored beside the token ids when the model takes them. Several text columns joined by preprocess get
 the tokenizer's separator token between them.
