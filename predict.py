@@ -102,7 +102,8 @@ def main():
     check_out(args.out)
     if args.probabilities:
         check_out(args.probabilities)
-    folders, run = fold_folders(args.models)
+    folders, runs = fold_folders(args.models)
+    run = runs[0]  # what every fold of a run shares: the data's columns, cleaning, tokenizing, task shape
     shape = SHAPES[run["kind"]]
     header, id_column, probabilities = submission_form(run, shape, args.models)
     id_column = args.id_column or id_column
@@ -125,8 +126,8 @@ def main():
     rows = clean_test_frame(raw, run["text_columns"], id_column, run["cleaning"], run["pair_columns"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
     outputs, predicting = [], 0.0
-    for k, folder in enumerate(folders):
-        tokenizer, model = load_fold(folder, run, device)
+    for k, (folder, fold_run) in enumerate(zip(folders, runs)):
+        tokenizer, model = load_fold(folder, fold_run, device)
         if k == 0:  # every fold saved the same tokenizer
             inputs = model_inputs(rows, tokenizer)
             texts, pairs = inputs if isinstance(inputs, tuple) else (inputs, None)
@@ -138,7 +139,8 @@ def main():
             except ValueError as error:  # a row the run's tokenize.truncation cannot cut
                 raise PipelineError(f"{args.file} {error} (the run's tokenize.truncation {run['truncation']})") from None
         begin = time.perf_counter()
-        outputs.append(fold_outputs(tokenizer, model, run, sequences, token_types, device, args.batch_size, row_texts))
+        # the fold's own pipeline.json: a regression target's scale is its own training rows'
+        outputs.append(fold_outputs(tokenizer, model, fold_run, sequences, token_types, device, args.batch_size, row_texts))
         predicting += time.perf_counter() - begin
     mean = np.mean(outputs, axis=0)
     frame = submission_frame(shape, rows["id"], mean, run["labels"], header, threshold, run["label_separator"],

@@ -53,16 +53,18 @@ def read_run(folder):
 
 def fold_folders(models):
     """The fold folders of the trained run in `models` (models/fold-0 ... fold-K-1, K from fold-0's
-    pipeline.json, so folders left by an earlier run with more folds are not used), each with its
-    pipeline.json; every fold must come from one run (the same data, split and settings)."""
+    pipeline.json, so folders left by an earlier run with more folds are not used) and each fold's
+    pipeline.json; every fold must come from one run (the same data, split and settings). What is a
+    fold's own (a regression target's scale, from its own training rows) is read from its own."""
     first = read_run(Path(models) / "fold-0")
     folders = [Path(models) / f"fold-{k}" for k in range(first["folds"])]
+    runs = [first]
     for folder in folders[1:]:
-        run = read_run(folder)
+        runs.append(run := read_run(folder))
         if run["run"] != first["run"] or run["kind"] != first["kind"]:
             raise PipelineError(f"{folder} and {folders[0]} were trained on other data, splits or task shapes "
                                 "(their pipeline.json differ): rerun `dvc repro` so that every fold is of one run")
-    return folders, first
+    return folders, runs
 
 
 def prediction_dtype(run, device):

@@ -36,11 +36,11 @@ def main():
         tensors = load_file(TEST)
         sequences, token_types = unpack_sequences(tensors)[0], unpack_flat(tensors, "token_type_ids")
         texts = text_of_row(tensors)  # tokenize.truncation windows: several rows of a text, averaged back to it
-        folders, run = fold_folders(MODELS)
+        folders, runs = fold_folders(MODELS)
         if len(folders) != k:
             raise PipelineError(f"{MODELS}/fold-0 was trained in a run of {len(folders)} fold(s), and {folds.FOLDS_CSV} "
                                 f"has {k}: rerun `dvc repro`")
-        for fold, folder in enumerate(folders):
+        for fold, (folder, run) in enumerate(zip(folders, runs)):  # each fold with its own pipeline.json
             tokenizer, model = load_fold(folder, run, device)
             start = time.perf_counter()
             outputs = fold_outputs(tokenizer, model, run, sequences, token_types, device, texts=texts)

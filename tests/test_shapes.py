@@ -529,9 +529,9 @@ def test_the_test_side_code_on_each_folds_validation_rows_gives_its_oof_predicti
         sequences, token_types = unpack_sequences(tensors)[0], unpack_flat(tensors, "token_type_ids")
         assert (token_types is not None) == (shape == "pairs")
         row_folds = pd.read_csv(folder / "data/split/folds.csv")["fold"].to_numpy()
-        folders, run = fold_folders(folder / "models")
+        folders, runs = fold_folders(folder / "models")
         assert len(folders) == k
-        for fold, model_folder in enumerate(folders):
+        for fold, (model_folder, run) in enumerate(zip(folders, runs)):
             rows = np.flatnonzero(row_folds == fold)
             tokenizer, model = load_fold(model_folder, run, "cpu")
             outputs = fold_outputs(tokenizer, model, run, [sequences[i] for i in rows],
