@@ -335,7 +335,9 @@ def weights_after(model_dir, tokenizer, folder, steps, bf16, compiled):
     """The weights of the tiny model after `steps` optimizer steps (batches of 16 texts padded to 24 tokens:
     one shape, so compiling makes one graph) in bf16 autocast or fp32, compiled (train.compile) or eager."""
     torch.manual_seed(0)  # the same new classifier head in every run
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=3)
+    # no dropout (train.dropout's default): compiled code draws its masks from another generator
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=3, hidden_dropout_prob=0.0,
+                                                               attention_probs_dropout_prob=0.0)
     texts = [" ".join(WORDS[: 1 + (i * 7) % 16]) for i in range(64)]
     data = [{"input_ids": ids, "labels": i % 3} for i, ids in enumerate(tokenizer(texts)["input_ids"])]
     params = train_params(lr=2e-3, warmup_ratio=0.0, compile=compiled, mixed_precision=False)
@@ -346,17 +348,21 @@ def weights_after(model_dir, tokenizer, folder, steps, bf16, compiled):
     return {name: w.detach().float().clone() for name, w in model.state_dict().items()}
 
 
-def largest_difference(a, b):
-    return max((a[k] - b[k]).abs().max().item() for k in a)
+def update_distance(a, b, start):
+    """How far apart two runs' updates (weights - start) are, relative to the size of b's: the L2 norm over
+    all weights of their difference over that of b's update."""
+    diff = sum(((a[k] - b[k]) ** 2).sum().item() for k in a) ** 0.5
+    return diff / sum(((b[k] - start[k]) ** 2).sum().item() for k in b) ** 0.5
 
 
 def test_compiled_bf16_training_reaches_the_eager_weights_within_bf16s_own_rounding(tiny_model_dir, tokenizer,
                                                                                    tmp_path, monkeypatch):
     """Compiled kernels fuse operations and round bf16 intermediates elsewhere than eager ones: after 8
     steps at lr 2e-3 their weights differ, as eager bf16 differs from eager fp32. The tolerance is that
-    difference, measured here: compiling must change the weights no more than training in bf16 instead of
-    fp32 does (measured on an EPYC with AVX512-BF16: see docs/speed.md), while every weight moved by far
-    more than either (AdamW moves each by up to lr a step)."""
+    difference, measured here: compiling must change the training's update (weights - start, L2 over all
+    weights) by no more than training in bf16 instead of fp32 changes it (docs/speed.md). Not the
+    largest single weight: AdamW moves a weight whose gradient is nearly 0 by up to lr a step in the
+    direction of its rounding noise, so single weights differ by as much as they move."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     steps = 8
     fp32 = weights_after(tiny_model_dir, tokenizer, tmp_path, steps, bf16=False, compiled=False)
@@ -367,8 +373,7 @@ def test_compiled_bf16_training_reaches_the_eager_weights_within_bf16s_own_round
     torch.manual_seed(0)  # the weights before training, the classifier head as every run draws it
     start = {name: w.float() for name, w in
              AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=3).state_dict().items()}
-    compiling, precision = largest_difference(compiled, eager), largest_difference(eager, fp32)
-    print(f"after {steps} steps: compiled vs eager bf16 {compiling:.2e}, eager bf16 vs fp32 {precision:.2e}, "
-          f"moved {largest_difference(eager, start):.2e}")
-    assert compiling <= precision
-    assert largest_difference(eager, start) > 5 * precision
+    compiling, precision = update_distance(compiled, eager, start), update_distance(eager, fp32, start)
+    print(f"after {steps} steps, relative to the eager bf16 update: compiled vs eager bf16 {compiling:.3f}, "
+          f"eager bf16 vs fp32 {precision:.3f}")
+    assert compiling <= precision  # measured: 0.001 against 0.081
