@@ -1,7 +1,8 @@
 """Where a default training step's time goes: torch.profiler over a few optimizer steps of the embedded
 MiniLM at the train stage's settings (length-grouped batches of the embedded tweets, train.dropout,
 train.freeze_embeddings, the fused AdamW), in bf16 autocast and in fp32, each operation's own time
-sorted into a few kinds of work.
+sorted into a few kinds of work; and bf16 with the attention in fp32, as the train stage now trains
+where this CPU's bf16 attention is the slower (training/attention.py).
 
     python -m bench.profile_step                 # both precisions, 10 profiled steps each after 3 untimed
     python -m bench.profile_step --steps 20 --threads 1 --compile   # compiled (train.compile) as a third column
@@ -32,6 +33,7 @@ from reading.tokens import auto_max_length, model_limit, tokenize_texts
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from stages.train import TRAIN_PARAMS
+from training import attention
 from training.arguments import training_arguments
 from training.batch_size import pick_batch_size
 from training.models import resolve_model
@@ -127,7 +129,7 @@ class ProfileSteps(TrainerCallback):
             control.should_training_stop = True
 
 
-def profile(params, sequences, labels, tokenizer, folder, bf16, compiled, warmup, steps, top=0):
+def profile(params, sequences, labels, tokenizer, folder, bf16, compiled, warmup, steps, top=0, fp32_attention=False):
     """(ms per step by row, unprofiled ms per step, batch) of the train stage's settings in bf16 or fp32."""
     model = minilm_model(**recipe(params))
     batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"],
@@ -136,9 +138,10 @@ def profile(params, sequences, labels, tokenizer, folder, bf16, compiled, warmup
                                                   NO_CHECKPOINTS, folder, "cpu", batch, accumulation),
                                **QUIET, save_strategy="no", bf16=bf16, max_steps=warmup + 2 * steps + 1)
     callback = ProfileSteps(warmup, steps)
+    switch = [attention.Fp32Attention(model)] if fp32_attention else []
     trainer = CountingTrainer(model=model, args=args, train_dataset=dataset(folder, "train", sequences, labels),
                               data_collator=make_collator(tokenizer, "cpu"), throughput=Throughput(),
-                              callbacks=[callback])
+                              callbacks=[*switch, callback])
     trainer.remove_callback(PrinterCallback)
     trainer.train()
     events = callback.profiler.events()
@@ -188,13 +191,15 @@ def main():
     sequences, _ = tokenize_texts(tokenizer, texts, max_length)
     print(f"profile on cpu ({cpu_isa()}), {torch.get_num_threads()} torch threads, load average {load_average()}; "
           f"torch {torch.__version__}; max_length {max_length}")
-    runs = [("fp32", False, False), ("bf16", True, False)] + ([("bf16 compiled", True, True)] if opts.compile else [])
+    # (column, bf16, compiled, attention in fp32): "bf16" is the defaults before training/attention.py
+    runs = [("fp32", False, False, False), ("bf16", True, False, False), ("bf16 fp32-attention", True, False, True)]
+    runs += [("bf16 compiled", True, True, False)] if opts.compile else []
     columns = {}
     with tempfile.TemporaryDirectory() as folder:
-        for name, bf16, compiled in runs:
+        for name, bf16, compiled, fp32_attention in runs:
             warmup = max(opts.warmup, 10) if compiled else opts.warmup
             by_row, unprofiled, batch, top = profile(params, sequences, labels, tokenizer, folder, bf16, compiled,
-                                                     warmup, opts.steps, opts.top)
+                                                     warmup, opts.steps, opts.top, fp32_attention)
             columns[name] = (by_row, unprofiled)
             print(f"{name}: batch {batch[0]} x {batch[1]}, {unprofiled:.1f} ms per step unprofiled", *top, sep="\n")
     print(table(columns))
