@@ -134,7 +134,7 @@ def fit_problems(fit, truncated_fraction, max_length):
         else:
             found["decomposed"] = (f"{percent(share)} of the train texts are {script} and the tokenizer strips the "
                                    f"accents or marks from {percent(fit['decomposed_fraction'])} of the words that have "
-                                   "them (an uncased vocabulary)", f"a cased or multilingual model keeps them (model.name)")
+                                   "them (an uncased vocabulary)", "a cased or multilingual model keeps them (model.name)")
     elif share >= MAIN_SCRIPT and per_char is not None and per_char > PIECES:
         found["pieces"] = (f"{percent(share)} of the train texts are {script} and the tokenizer cuts its words into "
                            f"{per_char:.1f} tokens per character (its vocabulary lacks them)",

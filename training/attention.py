@@ -14,7 +14,6 @@ import time
 
 import torch
 from transformers import AttentionInterface, TrainerCallback
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
