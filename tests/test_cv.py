@@ -90,7 +90,7 @@ def test_out_of_fold_predictions_cover_every_training_row_once(cv_repo):
 def test_metrics_are_out_of_fold_scores_and_their_spread_over_folds(cv_repo):
     _, repo, _ = cv_repo
     metrics = json.loads((repo / "reports/evaluate/metrics.json").read_text())
-    assert set(metrics) == {"oof", "cv", "test"}
+    assert set(metrics) == {"oof", "cv", "test", "baseline"}  # baseline: the TF-IDF score beside the model's
     train = pd.read_csv(repo / "data/processed/train.csv", dtype=str, keep_default_na=False)
     y_true, y_pred, per_fold = [], [], []
     for k in FOLDS:
