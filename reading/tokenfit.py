@@ -23,6 +23,9 @@ WORD = re.compile(r"\w+")
 # past these, a line in tokenize's log (thresholds of advice, not of correctness)
 MAIN_SCRIPT = 0.2  # share of the texts written mostly in the script
 DECOMPOSED = 0.5  # share of the script's words with syllables or marks that the tokenizer breaks
+# and the share of all its words that the tokenizer breaks: English has a few accented words (café), all
+# stripped by an uncased vocabulary, which costs it nothing; French has one in about six, Korean every one
+BROKEN_WORDS = 0.05
 PIECES = 1.0  # tokens per character of the script's words: more tokens than characters
 UNKNOWN = 0.02  # share of tokens that are the unknown token
 TRUNCATED = 0.05  # share of train texts cut at max_length
@@ -91,12 +94,12 @@ def fit_measures(tokenizer, texts):
     top = [w for w, _ in words.most_common(WORDS)]
     word_ids = tokenizer(top, add_special_tokens=False, return_attention_mask=False)["input_ids"] if top else []
     decoded = tokenizer.batch_decode(word_ids) if top else []
-    letters = pieces = with_structure = breaks = jamo = 0
+    letters = pieces = with_structure = breaks = jamo = counted = 0
     for word, word_tokens, reading in zip(top, word_ids, decoded):
         n = words[word]
         if unknown in word_tokens:  # counted as unknown, not as pieces
             continue
-        letters, pieces = letters + n * len(word), pieces + n * len(word_tokens)
+        letters, pieces, counted = letters + n * len(word), pieces + n * len(word_tokens), counted + n
         if structured(word):
             with_structure += n
             if broken(word, reading):
@@ -110,6 +113,7 @@ def fit_measures(tokenizer, texts):
         "script_fraction": round(in_script / len(texts), 4) if texts else 0.0,
         "script_tokens_per_char": round(pieces / letters, 2) if letters else None,
         "decomposed_fraction": round(breaks / with_structure, 4) if with_structure else 0.0,
+        "broken_word_fraction": round(breaks / counted, 4) if counted else 0.0,
         "decomposes": ("jamo" if jamo * 2 >= breaks else "marks") if breaks else None,
     }
 
@@ -126,7 +130,8 @@ def fit_problems(fit, truncated_fraction, max_length):
     script, share = fit.get("script"), fit.get("script_fraction") or 0.0
     per_char = fit.get("script_tokens_per_char")
     reader = MODELS_FOR.get(script, f"a model pretrained on {script} text or a multilingual one (xlm-roberta-base)")
-    if share >= MAIN_SCRIPT and (fit.get("decomposed_fraction") or 0.0) >= DECOMPOSED:
+    if (share >= MAIN_SCRIPT and (fit.get("decomposed_fraction") or 0.0) >= DECOMPOSED
+            and fit.get("broken_word_fraction", 1.0) >= BROKEN_WORDS):
         if fit.get("decomposes") == "jamo":
             found["decomposed"] = (f"{percent(share)} of the train texts are Hangul and the tokenizer splits each "
                                    f"syllable into jamo ({per_char:.1f} tokens per syllable)",
