@@ -16,6 +16,8 @@ from stages.evaluate import main as evaluate_main
 from stages.evaluate import spread
 from tasks.scores import THRESHOLDS, classification_metrics
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def test_classification_metrics():
     m = classification_metrics([0, 0, 1, 2], [0, 1, 1, 2], ["a", "b", "c"])
@@ -89,8 +91,16 @@ def evaluate_folder(folder, metric):
         folder / "predictions/fold-0/oof.csv", index=False)
     pd.DataFrame(TEST_PROBABILITIES, columns=CLASSES).rename_axis("row").reset_index().to_csv(
         folder / "predictions/test/fold-0.csv", index=False)
+    (folder / "predictions/baseline").mkdir(parents=True)  # evaluate scores the baseline beside the model
+    (folder / "reports/tokenize").mkdir(parents=True)  # the tokenizer's fit, which the verdict may name
+    (folder / "reports/tokenize/lengths.json").write_text(json.dumps({"tokens": {}}))
+    pd.DataFrame(probabilities, columns=CLASSES).rename_axis("row").reset_index().to_csv(
+        folder / "predictions/baseline/oof.csv", index=False)
+    pd.DataFrame(TEST_PROBABILITIES, columns=CLASSES).rename_axis("row").reset_index().to_csv(
+        folder / "predictions/baseline/test.csv", index=False)
+    train = yaml.safe_load((REPO / "params.yaml").read_text())["train"]  # the baseline verdict reads train.*
     (folder / "params.yaml").write_text(yaml.safe_dump({"task": {"kind": "multilabel", "label_separator": "|",
-                                                                 "metric": metric}}))
+                                                                 "metric": metric}, "train": train}))
     return truth, probabilities
 
 
