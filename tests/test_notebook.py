@@ -139,11 +139,14 @@ def test_the_scores_cell_shows_the_evaluated_scores(runtimes):
              if "text/plain" in o.get("data", {})]
     assert len(shown) == 1, shown
     header, *rows = shown[0].splitlines()
-    table = {row.split()[0]: dict(zip(header.split(), map(float, row.split()[1:]))) for row in rows}
-    assert set(table) == {"val", "test"}, shown[0]
+    names = header.split()
+    # a row: its name ("val", "baseline test", ...), then one number per column
+    table = {" ".join(row.split()[:-len(names)]): dict(zip(names, map(float, row.split()[-len(names):]))) for row in rows}
+    assert set(table) == {"val", "test", "baseline val", "baseline test"}, shown[0]
     for split in ("val", "test"):
         for name in ("accuracy", "f1_macro"):
             assert table[split][name] == pytest.approx(metrics[split][name], abs=1e-6), (split, name)
+            assert table[f"baseline {split}"][name] == pytest.approx(metrics["baseline"][split][name], abs=1e-6)
 
 
 def test_the_notebook_shows_the_plots_and_keeps_the_submission_on_drive(runtimes):
