@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForSequenceClassification, DataCollatorWithPadding, TrainerCallback
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from pipeline.settings import PipelineError, load_params
 from predicting.inference import make_collator
@@ -309,7 +310,7 @@ def test_fp32_attention_computes_softmax_attention_in_fp32_and_trains_with_it(ti
     module.is_causal = False
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out, _ = attention.fp32_sdpa(module, q, k, v, keep)
-        bf16, _ = attention.ALL_ATTENTION_FUNCTIONS["sdpa"](module, q, k, v, keep)
+        bf16, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, q, k, v, keep)
     assert out.dtype == torch.bfloat16 and out.shape == (2, 6, 4, 8)  # (batch, tokens, heads, head dim)
     reference = expected.transpose(1, 2)
     assert (out.double() - reference).abs().max() <= 2**-8 * reference.abs().max()  # one bf16 rounding
