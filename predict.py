@@ -31,7 +31,8 @@ from reading.cleaning import clean_test_frame
 from reading.csvfiles import read_csv
 from reading.tokens import model_inputs, tokenize_rows, uses_types
 from reading.windows import Cutting
-from tasks.shapes import SHAPES, submission_frame
+from tasks.shapes import SHAPES
+from tasks.submission import submission_frame
 
 PROCESSED = Path("data/processed")
 METRICS = Path("reports/evaluate/metrics.json")

@@ -25,10 +25,12 @@ def redact(text):
 
 
 def stage_name(argv):
-    """The stage a command line runs, as dvc.yaml names it: `python -m stages.train --fold 2` is train@2."""
+    """The stage a command line runs, as dvc.yaml names it: `python -m stages.train --fold 2` is train@2,
+    `python -m stages.distill --student small` distill@small."""
     name = Path(argv[0]).stem
-    if "--fold" in argv[1:-1]:
-        name += "@" + argv[argv.index("--fold") + 1]
+    for option in ("--fold", "--student"):  # foreach stages: train@2, pseudo@2, distill@small
+        if option in argv[1:-1]:
+            name += "@" + argv[argv.index(option) + 1]
     return name
 
 

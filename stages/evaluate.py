@@ -28,15 +28,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from baselines.verdict import comparison, likely_causes
 from pipeline.command import run_main
 from pipeline.outputs import atomic_dir, write_json
-from baselines.verdict import comparison, likely_causes
 from pipeline.settings import PipelineError, Range, check_kind, load_params
 from predicting import folds
 from predicting.ensemble import combine_out_of_fold, mean_test_probabilities
 from reading.csvfiles import read_csv, write_csv
 from tasks.scores import NAMES
-from tasks.shapes import SHAPES, competition_metric, headline, submission_frame, task_params
+from tasks.shapes import SHAPES, competition_metric, headline, task_params
+from tasks.submission import submission_frame
 
 PROCESSED = Path("data/processed")
 REPORTS = Path("reports/evaluate")
@@ -44,6 +45,8 @@ SUBMISSION = Path("submission")
 TOKENS = Path("reports/tokenize/lengths.json")
 BASELINE = folds.PREDICTIONS / "baseline"
 # the train.* keys the comparison with the baseline names among the likely causes (dvc.yaml declares them)
+# what evaluate.submit accepts: the teachers' ensemble, the pseudo students', or a distill student (its name)
+EVALUATE_PARAMS = {"submit": (str,)}
 TRAIN_KEYS = {"epochs": (float, Range(0, low_open=True)), "lr": (float, Range(0, 1, low_open=True)),
               "freeze_embeddings": (bool,)}
 
@@ -86,6 +89,45 @@ def baseline_scores(split, shape, y_true, rows, labels, metric, columns, test_tr
     return scores
 
 
+def student_candidates(pseudo_folds, distilled, shape, k, y_true, row_folds, labels, metric, columns, test, teachers,
+                       threshold, test_truth):
+    """The students' scores ({"pseudo": ..., "distill": {name: ...}}, beside a single teacher fold's on the test
+    rows) and {candidate: (test outputs, threshold)} for evaluate.submit. The pseudo students' out-of-fold
+    outputs combine as the teachers' do, with their own multi-label threshold; a distill student validated on
+    nothing and takes the teachers'. agreement: how often its decisions equal the ensemble's on the test rows
+    (regression: the Pearson correlation of its values with the ensemble's)."""
+    scores, candidates = {}, {}
+    if pseudo_folds:
+        if sorted(pseudo_folds) != list(range(k)):
+            raise PipelineError(f"params.yaml: pseudo.folds {pseudo_folds}: the students' out-of-fold scores need one "
+                                f"student per fold of cv.folds ({list(range(k))})")
+        where = [Path(f"students/pseudo/fold-{f}/predictions") for f in range(k)]
+        _, outputs = combine_out_of_fold(row_folds, [folds.read_probabilities(w / "oof.csv", columns) for w in where])
+        own = shape.threshold(y_true, outputs, metric)
+        scores["pseudo"] = {"val" if k == 1 else "oof": shape.report(y_true, outputs, labels, metric, own)}
+        if test is not None:
+            mean = mean_test_probabilities([folds.read_probabilities(w / "test.csv", columns) for w in where], len(test))
+            candidates["students"] = (mean, own)
+            if test_truth is not None:
+                scores["pseudo"]["test"] = shape.report(test_truth, mean, labels, metric, own)
+    for name in distilled:
+        where = Path(f"students/distill/{name}/predictions")
+        scores.setdefault("distill", {})[name] = found = {"speed": json.loads((where / "speed.json").read_text(encoding="utf-8"))}
+        if test is None:
+            continue
+        _, outputs = folds.read_probabilities(where / "test.csv", columns)
+        candidates[name] = (outputs, threshold)
+        found["agreement"] = (round(float(np.corrcoef(outputs[:, 0], teachers[:, 0])[0, 1]), 4) if shape.kind == "regression"
+                              else round(float((shape.indicators(outputs, threshold) ==
+                                                shape.indicators(teachers, threshold)).all(axis=1).mean()), 4))
+        if test_truth is not None:
+            found["test"] = shape.report(test_truth, outputs, labels, metric, threshold)
+    if scores and test_truth is not None and k > 1:  # one teacher alone, for scale
+        _, single = folds.read_probabilities(folds.outputs(0)["test"], columns)
+        scores["single_fold"] = {"test": shape.report(test_truth, single, labels, metric, threshold)}
+    return scores, candidates
+
+
 def unused_folders(k):
     """Fold folders in predictions/ that cv.folds no longer names (left by a run with more folds)."""
     return sorted(p.name for p in folds.PREDICTIONS.glob("fold-*")
@@ -94,6 +136,9 @@ def unused_folders(k):
 
 def main():
     task, train = task_params(), train_settings()
+    submit = load_params("evaluate", EVALUATE_PARAMS)["submit"]
+    # the students (the pseudo and distill stages check these keys; evaluate only needs which ran)
+    pseudo_folds, distilled = load_params("pseudo").get("folds") or [], list(load_params("distill").get("students") or {})
     data = json.loads((PROCESSED / "shape.json").read_text(encoding="utf-8"))
     if data["kind"] != task["kind"]:
         raise PipelineError(f"params.yaml: task.kind is {task['kind']}, but {PROCESSED} holds {data['kind']} data: "
@@ -120,24 +165,43 @@ def main():
         metrics = {"oof": shape.report(y_true, oof_outputs, labels, metric, threshold), "cv": spread(per_fold, names)}
     confusion = shape.confusion(y_true, oof_outputs, labels, threshold)
 
-    submission = probabilities = test_truth = None
+    submission = probabilities = test_truth = test = mean = None
     if (PROCESSED / "test.csv").exists():
         test = read_csv(PROCESSED / "test.csv")
-        form = json.loads((PROCESSED / "submission.json").read_text(encoding="utf-8"))
         mean = mean_test_probabilities([folds.read_probabilities(folds.outputs(fold)["test"], columns)
                                         for fold in range(k)], len(test))
-        submission = submission_frame(shape, test["id"], mean, labels, form["header"], threshold,
-                                      data["label_separator"], form["probabilities"])
-        if labels:  # class probabilities; a regression submission holds all there is
-            probabilities = pd.concat([test[["id"]], pd.DataFrame(mean, columns=labels)], axis=1)
         if (test["label"] != "").all():  # a labelled test file: score the submission
             test_truth = shape.truth(test["label"], labels)
             metrics["test"] = shape.report(test_truth, mean, labels, metric, threshold)
+    students, candidates = student_candidates(pseudo_folds, distilled, shape, k, y_true, row_folds, labels, metric,
+                                              columns, test, mean, threshold, test_truth)
+    metrics.update(students)
+    if test is not None:
+        if submit != "teachers" and submit not in candidates:
+            raise PipelineError(f"params.yaml: evaluate.submit {submit!r}: the run has teachers" +
+                                "".join(f", {c}" for c in candidates) + " (students: pseudo.folds; a name: distill.students)")
+        submitted, submitted_threshold = (mean, threshold) if submit == "teachers" else candidates[submit]
+        form = json.loads((PROCESSED / "submission.json").read_text(encoding="utf-8"))
+        submission = submission_frame(shape, test["id"], submitted, labels, form["header"], submitted_threshold,
+                                      data["label_separator"], form["probabilities"])
+        if labels:  # class probabilities; a regression submission holds all there is
+            probabilities = pd.concat([test[["id"]], pd.DataFrame(submitted, columns=labels)], axis=1)
+        if submit != "teachers":
+            whose = "the pseudo students' ensemble" if submit == "students" else f"distilled student {submit}"
+            print(f"evaluate.submit {submit}: the submission is {whose}'s")
     split = "val" if k == 1 else "oof"
     metrics["baseline"] = baseline_scores(split, shape, y_true, rows, labels, metric, columns, test_truth)
     printed = shape.evaluated + tuple(n for n in names if n not in shape.evaluated)
     for part, m in metrics.items():
-        if part == "baseline":
+        if part in ("pseudo", "single_fold"):
+            for split_name, scores in m.items():
+                print(f"{'pseudo students' if part == 'pseudo' else 'fold 0 alone'} {split_name}: {described(scores, printed)}")
+        elif part == "distill":
+            for name, found in m.items():
+                print(f"distilled {name}: " + (f"test {described(found['test'], printed)}; " if "test" in found else "") +
+                      (f"agreement with the ensemble {found['agreement']:.4f}; " if "agreement" in found else "") +
+                      f"{found['speed']['speedup']:.2f}x the ensemble's rows/s")
+        elif part == "baseline":
             for part, scores in m.items():
                 print(f"baseline {part}: {described(scores, printed)}" +
                       (f" (threshold {scores['threshold']:g})" if scores.get("threshold") is not None else ""))

@@ -30,7 +30,8 @@ from reading.csvfiles import column_names, read_csv, row_numbers, write_csv
 # the label readers' helpers, also reached as preprocess.<name>
 from tasks.labels import NUMBER_RE
 from tasks.scores import ON_PROBABILITIES
-from tasks.shapes import SHAPES, check_header, task_params
+from tasks.shapes import SHAPES, task_params
+from tasks.submission import check_header
 
 RAW = Path("data/raw")
 TRAIN_CSV = RAW / "train.csv"

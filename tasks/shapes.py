@@ -8,7 +8,9 @@ regression, one small definition per shape, which the stages ask (SHAPES[kind]):
   (cross-entropy, binary cross-entropy per class, mean squared error), and the scores of each evaluation;
 - predict_test, predict: what the model's outputs mean (probabilities: softmax or sigmoid; a value);
 - evaluate, predict: the reported scores, the multi-label threshold, the submission's form;
-- baseline: the linear model fitted on TF-IDF features (baselines/tfidf.py builds it), in words.
+- baseline: the linear model fitted on TF-IDF features (baselines/tfidf.py builds it), in words;
+- pseudo, distill: a student's targets from a teacher's outputs (soft, or hard where it is sure).
+The submission's form from a shape's decisions is tasks/submission.py's.
 Text pairs are not a shape: a second text column (preprocess.text_pair_column) works with every one.
 
 Arrays: `outputs` is (rows, outputs) everywhere: class probabilities, or one column of values.
@@ -112,6 +114,22 @@ class Classification:
     def strata(self, processed, classes, k):
         return np.asarray(processed)
 
+    # students (pseudo, distill) learn teacher outputs (soft_targets), a labelled row as soft_label; soft: by
+    # cross-entropy on probabilities (losses.TaskLoss), not the model's own loss
+    soft = True
+
+    def soft_targets(self, outputs):
+        return [list(map(float, row)) for row in np.asarray(outputs, dtype=np.float64)]
+
+    def soft_label(self, label, classes):
+        return scores.one_hot([label], len(classes))[0].astype(float).tolist()
+
+    def confident(self, outputs, threshold):
+        """(rows a teacher is `threshold` sure of, their likeliest class as one-hot probabilities)."""
+        outputs = np.asarray(outputs, dtype=np.float64)
+        rows = np.flatnonzero(outputs.max(axis=1) >= threshold)
+        return rows, scores.one_hot(outputs[rows].argmax(axis=1), outputs.shape[1]).astype(float)
+
     def truth(self, processed, classes):
         return self.encode(processed, classes)
 
@@ -176,6 +194,15 @@ class MultiLabel(Classification):
         return {"accuracy": accuracy_score(truth, predicted),
                 "f1_macro": f1_score(truth, predicted, average="macro", zero_division=0),
                 "f1_micro": f1_score(truth, predicted, average="micro", zero_division=0)}
+
+    soft = False  # 0/1 targets and probabilities alike: binary cross-entropy, the model's own loss
+    soft_label = staticmethod(lambda label, classes: list(map(float, label)))
+
+    def confident(self, outputs, threshold):
+        """(rows whose every class is `threshold` sure either way, p or 1 - p; their 0/1 targets)."""
+        outputs = np.asarray(outputs, dtype=np.float64)
+        rows = np.flatnonzero(np.maximum(outputs, 1 - outputs).min(axis=1) >= threshold)
+        return rows, (outputs[rows] >= 0.5).astype(float)
 
     def strata(self, processed, classes, k):
         return self.encode(processed, classes).astype(int)  # a matrix: split stratifies iteratively
@@ -253,6 +280,13 @@ class Regression(Classification):
         # a constant prediction (early in training) has no correlation: 0 on the curve
         return {m: float(np.nan_to_num(scores.regression_score(m, targets, values))) for m in self.evaluated}
 
+    soft = False  # values: the model's own mean squared error
+    def soft_targets(self, outputs):  # values in the target's units: the student standardises them
+        return [float(v) for v in np.asarray(outputs, dtype=np.float64).reshape(-1)]
+
+    soft_label = staticmethod(lambda label, classes: float(label))
+    confident = None  # a value has no confidence: pseudo.labels hard needs classes
+
     def strata(self, processed, classes, k):
         """Quantile bins of the target, named by their range, few enough that each holds 2 x k rows."""
         values = self.encode(processed, classes)
@@ -284,28 +318,3 @@ class Regression(Classification):
 
 
 SHAPES = {shape.kind: shape for shape in (Classification(), MultiLabel(), Regression())}
-
-
-def check_header(columns, shape, classes, path):
-    """A sample submission's columns: an id column, then one prediction column, or (classification and
-    multi-label) one column per class, in any order."""
-    values = columns[1:]
-    if len(values) == 1 or (shape.kind != "regression" and sorted(values) == sorted(classes)):
-        return list(columns)
-    per_class = "" if shape.kind == "regression" else f", or one column per class ({', '.join(classes)})"
-    raise PipelineError(f"{path}: columns {', '.join(map(repr, columns))}: expected the id column, then one "
-                        f"prediction column{per_class}")
-
-
-def submission_frame(shape, ids, outputs, classes, header, threshold, separator, probabilities):
-    """The submission: header[0] holds the ids; then one column of decisions (a class, classes joined by
-    the separator, a value), or one column per class holding probabilities (when the metric scores them:
-    log loss, ROC AUC) or 0/1 decisions."""
-    frame = pd.DataFrame({header[0]: list(ids)})
-    if shape.kind != "regression" and sorted(header[1:]) == sorted(classes):
-        values = outputs if probabilities else shape.indicators(outputs, threshold)
-        for column in header[1:]:
-            frame[column] = values[:, classes.index(column)]
-    else:
-        frame[header[1]] = shape.decide(outputs, classes, threshold, separator)
-    return frame

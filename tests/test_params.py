@@ -24,7 +24,7 @@ BOOLEANS = ["preprocess.lowercase", "preprocess.unescape_html", "preprocess.repl
             "preprocess.replace_mentions", "preprocess.normalize_whitespace", "preprocess.drop_duplicates",
             "model.trust_remote_code", "train.group_by_length", "train.mixed_precision", "train.tf32",
             "train.fused_adamw", "machine.pin_memory", "train.unpadded", "train.freeze_embeddings",
-            "train.keep_best", "train.gradient_checkpointing", "train.adamw_8bit"]
+            "train.keep_best", "train.gradient_checkpointing", "train.adamw_8bit", "distill.test_rows"]
 # key: the values outside what it allows (zero, negative, too large, a wrong word or kind, as applies)
 BAD_VALUES = {
     "fetch.source": [5], "fetch.train_file": [5], "fetch.test_file": [5], "fetch.sample_submission_file": [5],
@@ -55,6 +55,9 @@ BAD_VALUES = {
     "train.adversarial": ["pgd"], "train.adversarial_from": [-1], "train.fgm_epsilon": [0], "train.awp_lr": [0],
     "train.awp_eps": [-0.01], "train.class_weights": ["equal", 5, [1, 2]], "train.focal_gamma": [-1, 11],
     "tune.study": ["a/b", 5], "tune.trials": [0], "tune.metric": ["val.f2", 5], "tune.direction": ["up"],
+    "pseudo.folds": [0, "all"], "pseudo.labels": ["medium", 5], "pseudo.threshold": [0.4, 1.5], "pseudo.share": [0, 1.5],
+    "pseudo.seed": [-1], "distill.students": [5, ["small"]], "distill.epochs": [0], "distill.lr": [0, 2],
+    "distill.speed_rows": [0, 1.5], "evaluate.submit": [5],
     "tune.seed": [-1], "tune.pruner": ["always"], "tune.pruner_startup": [-1, 101, 1.5], "tune.evaluations": [0], "tune.heartbeat": [0, 3601],
     "tune.storage": [5, "postgresql://tuner:hunter2@db/studies"],
     "tune.space": [{}, {"train.nope": {"low": 1, "high": 2}}, {"train.lr": {"low": 0.1, "high": 0.01}}],
@@ -64,7 +67,8 @@ BAD_VALUES = {
 # reads the tune section, which no stage does)
 MODULE_OF = {"fetch": "stages.fetch", "task": "stages.preprocess", "preprocess": "stages.preprocess", "model": "stages.tokenize",
              "tokenize": "stages.tokenize", "cv": "stages.split", "split": "stages.split", "baseline": "stages.baseline", "train": "stages.train",
-             "machine": "stages.train", "tune": "tune"}
+             "machine": "stages.train", "tune": "tune", "pseudo": "stages.pseudo", "distill": "stages.distill",
+             "evaluate": "stages.evaluate"}
 
 
 def params_keys():
@@ -158,6 +162,9 @@ NUMBER = r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
 def specs():
     """{section.key: the kinds load_params checks it against}, from the modules that check each section."""
     from stages.baseline import BASELINE_PARAMS
+    from stages.distill import DISTILL_PARAMS
+    from stages.evaluate import EVALUATE_PARAMS
+    from stages.pseudo import PSEUDO_PARAMS
     from stages.fetch import FETCH_PARAMS
     from stages.preprocess import PREPROCESS_PARAMS
     from stages.split import CV_PARAMS, SPLIT_PARAMS
@@ -169,7 +176,8 @@ def specs():
 
     sections = {"fetch": FETCH_PARAMS, "task": TASK_PARAMS, "preprocess": PREPROCESS_PARAMS, "model": MODEL_PARAMS,
                 "tokenize": TOKENIZE_PARAMS, "cv": CV_PARAMS, "split": SPLIT_PARAMS, "train": TRAIN_PARAMS,
-                "machine": MACHINE_PARAMS, "tune": TUNE_PARAMS, "baseline": BASELINE_PARAMS}
+                "machine": MACHINE_PARAMS, "tune": TUNE_PARAMS, "baseline": BASELINE_PARAMS,
+                "pseudo": PSEUDO_PARAMS, "distill": DISTILL_PARAMS, "evaluate": EVALUATE_PARAMS}
     return {f"{section}.{key}": kinds for section, spec in sections.items() for key, kinds in spec.items()}
 
 

@@ -13,7 +13,8 @@ from stages.preprocess import order_by_sample
 from stages.split import holdout_folds, kfold_folds
 from tasks.labels import multilabel_list, read_multilabels, read_numbers
 from tasks.scores import best_threshold, mean_column_auc
-from tasks.shapes import SHAPES, check_header, competition_metric, submission_frame
+from tasks.shapes import SHAPES, competition_metric
+from tasks.submission import check_header, submission_frame
 
 CLASSES = ["food", "music", "sports"]
 
@@ -76,7 +77,13 @@ def test_each_shape_reports_its_scores():
 
 @pytest.mark.parametrize("metric", ["accuracy", "f1_macro", "f1_weighted", "log_loss", "roc_auc", "qwk"])
 def test_each_classification_metric_is_scikit_learns_on_the_class_of_highest_probability(metric):
-    from sklearn.metrics import accuracy_score, cohen_kappa_score, f1_score, log_loss, roc_auc_score
+    from sklearn.metrics import (
+        accuracy_score,
+        cohen_kappa_score,
+        f1_score,
+        log_loss,
+        roc_auc_score,
+    )
 
     rng = np.random.default_rng(0)
     truth = np.arange(60) % 4  # every class present, four ordered classes (qwk's case)

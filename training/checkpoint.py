@@ -36,8 +36,10 @@ CHECKPOINTS_ENV = "PIPELINE_CHECKPOINTS"
 
 
 def folder(fold, checkpoint_dir):
-    """Fold `fold`'s checkpoint folder: $PIPELINE_CHECKPOINTS or machine.checkpoint_dir, then fold-<k>."""
-    return Path(os.environ.get(CHECKPOINTS_ENV) or checkpoint_dir).expanduser() / f"fold-{fold}"
+    """Fold `fold`'s checkpoint folder: $PIPELINE_CHECKPOINTS or machine.checkpoint_dir, then fold-<k>
+    (a name instead of a fold number: that name, as the students' pseudo-fold-<k> and distill-<name>)."""
+    return Path(os.environ.get(CHECKPOINTS_ENV) or checkpoint_dir).expanduser() / (
+        fold if isinstance(fold, str) else f"fold-{fold}")
 
 
 def check_writable(path, needed_bytes):

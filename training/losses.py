@@ -55,6 +55,21 @@ def classification_loss(logits, labels, weight=None, gamma=0.0, reduction_total=
     return loss.sum() / (reduction_total if reduction_total is not None else len(loss))
 
 
+def soft_classification_loss(logits, targets, weight=None, gamma=0.0, reduction_total=None):
+    """Cross-entropy against probability targets (a student's soft labels; a one-hot row is a class):
+    sum_i w_i (1 - q_i)^gamma (-sum_c t_ic log p_ic) / total, with w_i = sum_c t_ic w_c the targets' mean
+    class weight and q_i = sum_c t_ic p_ic the probability the model gives the target. For one-hot targets
+    this is classification_loss exactly."""
+    log_p = F.log_softmax(logits.float(), dim=-1)
+    targets = targets.float().to(log_p.device)
+    loss = -(targets * log_p).sum(dim=1)
+    if gamma:
+        loss = loss * (1 - (targets * log_p.exp()).sum(dim=1)).clamp(min=0) ** gamma
+    if weight is not None:
+        loss = loss * (targets @ weight.to(loss.device))
+    return loss.sum() / (reduction_total if reduction_total is not None else len(loss))
+
+
 def multilabel_loss(logits, targets, pos_weight=None, gamma=0.0, reduction_total=None):
     """Binary cross-entropy per class with pos_weight, optionally focal: summed over rows and classes,
     over `total` (rows x classes unless given)."""
@@ -69,7 +84,8 @@ def multilabel_loss(logits, targets, pos_weight=None, gamma=0.0, reduction_total
 
 
 class TaskLoss:
-    """Trainer's compute_loss_func(outputs, labels, num_items_in_batch) for a shape's kind."""
+    """Trainer's compute_loss_func(outputs, labels, num_items_in_batch) for a shape's kind; a classification
+    batch of probability vectors (a student's soft labels) gets cross-entropy against them."""
 
     def __init__(self, kind, weights=None, gamma=0.0):
         self.kind, self.gamma = kind, gamma
@@ -80,4 +96,6 @@ class TaskLoss:
         total = None if num_items_in_batch is None else num_items_in_batch
         if self.kind == "multilabel":
             return multilabel_loss(logits, labels, self.weights, self.gamma, total)
+        if labels.dim() == 2:  # probabilities: a student's soft labels
+            return soft_classification_loss(logits, labels, self.weights, self.gamma, total)
         return classification_loss(logits, labels, self.weights, self.gamma, total)

@@ -102,18 +102,33 @@ def hub_model(name, what):
     raise PipelineError(f"{needs if offline else what}, and {problem}")
 
 
+def layer_count(config):
+    """The encoder's number of layers from a config: num_hidden_layers, or DistilBERT's n_layers."""
+    return getattr(config, "num_hidden_layers", None) or getattr(config, "n_layers", None)
+
+
+def layer_setting(model_source, layers):
+    """The config keyword that keeps `layers` encoder layers ({} for all)."""
+    if not layers:
+        return {}
+    config = AutoConfig.from_pretrained(model_source)
+    return {"n_layers" if hasattr(config, "n_layers") and not hasattr(config, "num_hidden_layers")
+            else "num_hidden_layers": layers}
+
+
 def load_model(model_source, labels, trust_remote_code=False, dropout="model", freeze_embeddings=False,
-               shape=SHAPES["classification"]):
+               shape=SHAPES["classification"], layers=None):
     """The tokenizer, and the model with a new head for labels and the task shape (seed first): its
     number of outputs, and problem_type, from which transformers' models compute their loss. dropout: a
     probability for every dropout of the model, or "model" for the ones its config has;
-    freeze_embeddings: the token-embedding matrix is not trained."""
+    freeze_embeddings: the token-embedding matrix is not trained. layers: keep only the first `layers` encoder
+    layers (a smaller student of the same model: from_pretrained leaves the weights of the others unused)."""
     tokenizer = AutoTokenizer.from_pretrained(model_source, trust_remote_code=trust_remote_code)
     outputs = shape.outputs(labels)
     config = AutoConfig.from_pretrained(model_source, num_labels=len(outputs), trust_remote_code=trust_remote_code,
                                         id2label=dict(enumerate(outputs)),
                                         label2id={name: i for i, name in enumerate(outputs)},
-                                        problem_type=shape.problem_type)
+                                        problem_type=shape.problem_type, **layer_setting(model_source, layers))
     if not set_dropout(config, dropout) and dropout != "model":
         print(f"train.dropout {dropout}: the config of {model_source} names no dropout; it keeps its own")
     # transformers prints a table listing the classifier head as MISSING: that is expected for

@@ -14,7 +14,13 @@ def torchrun_command(num_processes, stage_args):
     """This stage under torchrun on this machine: one process per GPU (or CPU share), rendezvous on
     a free local port (--standalone), each with this stage's arguments (the fold)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={num_processes}",
-            "-m", "stages.train", *stage_args]
+            "-m", running_module(), *stage_args]
+
+
+def running_module():
+    """The module this process runs as `python -m` (stages.train, stages.pseudo, ...)."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    return spec.name if spec else "stages.train"
 
 
 def relaunch_under_torchrun(num_processes):

@@ -1,0 +1,158 @@
+"""distill: one smaller student that learns what the fold ensemble outputs, for when prediction time is short.
+
+`python -m stages.distill --student NAME`; dvc.yaml runs it once per key of distill.students, as stage
+distill@NAME (none by default: distill.students is {}). Each student is {model: a model name or folder
+(null: the teachers' start model), layers: keep its first N encoder layers (null: all)}; it must be
+smaller than the teachers and read the same token ids (the same tokenizer vocabulary), and trains with the
+train.* settings but distill.epochs and distill.lr.
+Its targets are every training row's out-of-fold outputs (class probabilities, or values), each made by
+the one teacher that did not train on that row; with distill.test_rows also the test rows' ensemble
+outputs. It validates on nothing: evaluate scores it on a labelled test file beside the ensemble and a
+single fold, and always reports how often it agrees with the ensemble.
+Writes students/distill/NAME/model (a model folder: `python -m predict FILE --out OUT --student NAME` uses
+it alone), students/distill/NAME/predictions/{test.csv, speed.json} (its test outputs; its rows/s against the ensemble's
+on the same rows, measured here one after the other) and reports/distill/NAME (its curves). Checkpoints
+into <machine.checkpoint_dir>/distill-NAME.
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from safetensors.torch import load_file
+
+from jobs.fold import Job, Rows, train
+from jobs.pseudo import with_test_rows
+from jobs.settings import train_settings
+from jobs.students import check_student
+from pipeline.command import interactive, run_main
+from pipeline.outputs import write_json
+from pipeline.settings import PipelineError, Range, check_kind, load_params
+from predicting import folds
+from predicting.ensemble import combine_out_of_fold, mean_test_probabilities
+from predicting.inference import fold_folders, fold_outputs, load_fold
+from reading import windows
+from reading.tokens import unpack_flat, unpack_sequences
+from tasks.shapes import SHAPES
+from training import checkpoint
+from training.models import model_params, resolve_model
+from training.pretrained import start_model
+
+TOKENIZED = Path("data/tokenized")
+LABELS = Path("data/processed/labels.json")
+SHAPE = Path("data/processed/shape.json")
+STUDENTS = Path("students/distill")
+# what each distill.* key accepts, and each student's
+DISTILL_PARAMS = {"students": (dict,), "epochs": (float, Range(0, low_open=True)),
+                  "lr": (float, Range(0, 1, low_open=True)), "test_rows": (bool,), "speed_rows": (int, Range(1))}
+STUDENT_PARAMS = {"model": (str, None), "layers": (int, None, Range(1))}
+
+
+def outputs(name):
+    """Where student `name` writes."""
+    return {"model": STUDENTS / name / "model", "predictions": STUDENTS / name / "predictions",
+            "live": Path("reports/distill") / name}
+
+
+def student_settings(students, name):
+    """distill.students.NAME, checked: {model, layers}."""
+    if name not in students:
+        raise PipelineError(f"params.yaml: distill.students has no student {name!r} (it has {', '.join(students) or 'none'})")
+    spec = students[name] if isinstance(students[name], dict) else None
+    if spec is None or set(spec) - set(STUDENT_PARAMS):
+        raise PipelineError(f"params.yaml: distill.students.{name} must be a mapping of model and layers, "
+                            f"not {students[name]!r}")
+    return {key: check_kind(spec.get(key), kinds, f"params.yaml: distill.students.{name}.{key}")
+            for key, kinds in STUDENT_PARAMS.items()}
+
+
+def rows_per_second(run_model, sequences):
+    start = time.perf_counter()
+    run_model(sequences)
+    return len(sequences) / (time.perf_counter() - start)
+
+
+def main():
+    distill = load_params("distill", DISTILL_PARAMS)
+    parser = argparse.ArgumentParser(prog="python -m stages.distill", description="distill the fold ensemble into one student")
+    parser.add_argument("--student", required=True, help="a key of distill.students")
+    name = parser.parse_args(sys.argv[1:]).student
+    spec = student_settings(distill["students"], name)
+    params, machine, task_metric = train_settings()
+    params = {**params, "epochs": distill["epochs"], "lr": distill["lr"], "keep_best": False, "patience": None}
+    model = model_params()
+    teacher = start_model(resolve_model(model["name"]))
+    student = resolve_model(spec["model"]) if spec["model"] else teacher
+    print(check_student(name, teacher, student, spec["layers"], model["trust_remote_code"]))  # before any work
+    if not interactive():
+        transformers.utils.logging.disable_progress_bar()
+    data = json.loads(SHAPE.read_text(encoding="utf-8"))
+    shape, labels = SHAPES[data["kind"]], json.loads(LABELS.read_text(encoding="utf-8"))
+    columns = shape.outputs(labels)
+    row_folds = folds.read_folds()
+    k = folds.fold_count(row_folds)
+    texts_out, oof = combine_out_of_fold(row_folds, [folds.read_probabilities(folds.outputs(f)["predictions"] / "oof.csv",
+                                                                               columns) for f in range(k)])
+    tensors = load_file(TOKENIZED / "train.safetensors")
+    sequences = unpack_sequences(tensors)[0]
+    texts = windows.text_of_row(tensors)
+    target_of = dict(zip(texts_out.tolist(), shape.soft_targets(oof)))
+    learned = np.flatnonzero(np.isin(texts, texts_out))  # the rows some teacher validated on
+    targets = [target_of.get(t) for t in texts.tolist()]
+    rows = Rows(sequences, unpack_flat(tensors, "token_type_ids"), texts, targets, learned, np.array([], dtype=int),
+                soft=shape.soft)
+    print(f"distill@{name}: learning the out-of-fold outputs of {len(texts_out):,} training texts"
+          + ("" if k > 1 else " (one fold: only its validation rows have out-of-fold outputs)"))
+    has_test = (TOKENIZED / "test.safetensors").exists()
+    test_tensors = load_file(TOKENIZED / "test.safetensors") if has_test else tensors
+    test_sequences, test_types = unpack_sequences(test_tensors)[0], unpack_flat(test_tensors, "token_type_ids")
+    test_texts = windows.text_of_row(test_tensors)
+    teacher_files = [folds.outputs(f)["test"] for f in range(k)] if has_test else []
+    if distill["test_rows"] and has_test:
+        n = len(np.unique(test_texts))
+        mean = mean_test_probabilities([folds.read_probabilities(f, columns) for f in teacher_files], n)
+        rows = with_test_rows(rows, test_tensors, np.arange(n), mean, shape)
+        print(f"distill.test_rows: also the ensemble's outputs of the {n:,} test texts")
+
+    def after(folder, tokenizer, trained, run):  # its test outputs, and its speed against the ensemble's
+        device = trained.device.type
+        if has_test:
+            predicted = fold_outputs(tokenizer, trained, run, test_sequences, test_types, device, texts=test_texts)
+            folds.write_probabilities(folds.probabilities_frame(range(len(predicted)), predicted, columns),
+                                      folder / "test.csv")
+        sample = slice(0, distill["speed_rows"])  # the same rows through the student, then every teacher
+        sample_types = None if test_types is None else test_types[sample]
+        student_speed = rows_per_second(lambda s: fold_outputs(tokenizer, trained, run, s, sample_types, device),
+                                        test_sequences[sample])
+        seconds = 0.0
+        for teacher_folder, teacher_run in zip(*fold_folders("models")):
+            teacher_tokenizer, teacher_model = load_fold(teacher_folder, teacher_run, device)
+            seconds += len(test_sequences[sample]) / rows_per_second(
+                lambda s: fold_outputs(teacher_tokenizer, teacher_model, teacher_run, s, sample_types, device),
+                test_sequences[sample])
+        ensemble_speed = len(test_sequences[sample]) / seconds
+        speed = {"rows": len(test_sequences[sample]), "student_rows_per_s": round(student_speed, 1),
+                 "ensemble_rows_per_s": round(ensemble_speed, 1), "speedup": round(student_speed / ensemble_speed, 2),
+                 "student_weights": sum(p.numel() for p in trained.parameters()), "device": device}
+        print(f"distill@{name}: {speed['student_rows_per_s']:,.0f} rows/s against the {k}-fold ensemble's "
+              f"{speed['ensemble_rows_per_s']:,.0f} on the same {speed['rows']:,} rows ({speed['speedup']:.2f}x)")
+        write_json(folder / "speed.json", speed)
+
+    inputs = [TOKENIZED / "train.safetensors", TOKENIZED / "settings.json", LABELS, SHAPE, folds.FOLDS_CSV,
+              *[folds.outputs(f)["predictions"] / "oof.csv" for f in range(k)], *teacher_files]
+    job = Job(f"distill@{name}", None, {**outputs(name), "checkpoints": checkpoint.folder(f"distill-{name}",
+                                                                                         machine["checkpoint_dir"])},
+              start=student, model_name=spec["model"] or model["name"], data=data, labels=labels, inputs=inputs,
+              shape=shape, trust_remote_code=model["trust_remote_code"], keep_layers=spec["layers"], after=after,
+              settings={"distill.layers": spec["layers"], "distill.test_rows": distill["test_rows"]})
+    torch.manual_seed(params["seed"])
+    settings_json = json.loads((TOKENIZED / "settings.json").read_text(encoding="utf-8"))
+    return train(job, rows, params, machine, task_metric, settings_json)
+
+
+if __name__ == "__main__":
+    run_main(main)
