@@ -3,6 +3,7 @@ test file.
 
     python -m predict new.csv --out predictions.csv
     python -m predict new.csv --out predictions.csv --probabilities probabilities.csv
+    python -m predict new.csv --out predictions.csv --student small   # a distilled student alone
 
 A tool beside the stages, not one of them: it writes only --out (and --probabilities), never the
 pipeline's outputs or dvc.lock. Everything it applies comes from the trained run, not from params.yaml:
@@ -26,7 +27,7 @@ import torch
 from pipeline.command import run_main
 from pipeline.settings import PipelineError
 from predicting.folds import DECIMALS
-from predicting.inference import fold_folders, fold_outputs, load_fold
+from predicting.inference import fold_folders, fold_outputs, load_fold, read_run
 from reading.cleaning import clean_test_frame
 from reading.csvfiles import read_csv
 from reading.tokens import model_inputs, tokenize_rows, uses_types
@@ -46,6 +47,7 @@ def parse_args(argv):
     parser.add_argument("--out", type=Path, required=True, help="where to write the predictions, in the submission's form")
     parser.add_argument("--probabilities", type=Path, help="also write the class probabilities here (not for regression)")
     parser.add_argument("--models", type=Path, default=Path("models"), help="the trained folds (default: models)")
+    parser.add_argument("--student", help="a distilled student (a key of distill.students) alone, instead of the folds")
     parser.add_argument("--id-column", help="the file's id column (default: the test file's, preprocess.id_column "
                         "of the run; none: row numbers)")
     parser.add_argument("--threshold", type=float, help="multi-label: the decision threshold (default: the one "
@@ -103,7 +105,11 @@ def main():
     check_out(args.out)
     if args.probabilities:
         check_out(args.probabilities)
-    folders, runs = fold_folders(args.models)
+    if args.student:  # one smaller model, for when prediction time is short (the distill stage)
+        folder = Path("students/distill") / args.student / "model"
+        folders, runs = [folder], [read_run(folder)]
+    else:
+        folders, runs = fold_folders(args.models)
     run = runs[0]  # what every fold of a run shares: the data's columns, cleaning, tokenizing, task shape
     shape = SHAPES[run["kind"]]
     header, id_column, probabilities = submission_form(run, shape, args.models)
@@ -151,7 +157,8 @@ def main():
     if args.probabilities:
         write_atomically(pd.concat([rows[["id"]], pd.DataFrame(mean, columns=run["labels"])], axis=1), args.probabilities)
         written.append(args.probabilities)
-    print(f"predicted {len(rows):,} rows with {len(folders)} fold(s) on {device}: {len(rows) / predicting:,.0f} rows/s "
+    print(f"predicted {len(rows):,} rows with " + (f"student {args.student}" if args.student else f"{len(folders)} fold(s)") +
+          f" on {device}: {len(rows) / predicting:,.0f} rows/s "
           f"through the models ({predicting:.1f} s); {len(rows) / (time.perf_counter() - start):,.0f} rows/s with "
           "reading, cleaning, tokenizing and loading the models")
     return written
