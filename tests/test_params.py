@@ -54,6 +54,9 @@ BAD_VALUES = {
     "train.averaging": ["mean"], "train.average_decay": [1, -0.1], "train.average_from": [1, -0.1],
     "train.adversarial": ["pgd"], "train.adversarial_from": [-1], "train.fgm_epsilon": [0], "train.awp_lr": [0],
     "train.awp_eps": [-0.01], "train.class_weights": ["equal", 5, [1, 2]], "train.focal_gamma": [-1, 11],
+    "pretrain.epochs": [-1, "some"], "pretrain.lr": [0, 2], "pretrain.batch_size": [0, 1.5],
+    "pretrain.max_length": [1, 1.5], "pretrain.mask_probability": [0, 1, 1.5], "pretrain.held_out": [0, 0.6],
+    "pretrain.extra_file": [5, "missing.csv"], "pretrain.extra_column": [5], "pretrain.seed": [-1, 2**32],
     "tune.study": ["a/b", 5], "tune.trials": [0], "tune.metric": ["val.f2", 5], "tune.direction": ["up"],
     "pseudo.folds": [0, "all"], "pseudo.labels": ["medium", 5], "pseudo.threshold": [0.4, 1.5], "pseudo.share": [0, 1.5],
     "pseudo.seed": [-1], "distill.students": [5, ["small"]], "distill.epochs": [0], "distill.lr": [0, 2],
@@ -66,7 +69,7 @@ BAD_VALUES = {
 # the module that checks each section first (dvc.yaml lists every stage that reads it; python -m tune
 # reads the tune section, which no stage does)
 MODULE_OF = {"fetch": "stages.fetch", "task": "stages.preprocess", "preprocess": "stages.preprocess", "model": "stages.tokenize",
-             "tokenize": "stages.tokenize", "cv": "stages.split", "split": "stages.split", "baseline": "stages.baseline", "train": "stages.train",
+             "tokenize": "stages.tokenize", "cv": "stages.split", "split": "stages.split", "baseline": "stages.baseline", "pretrain": "stages.pretrain", "train": "stages.train",
              "machine": "stages.train", "tune": "tune", "pseudo": "stages.pseudo", "distill": "stages.distill",
              "evaluate": "stages.evaluate"}
 
@@ -164,9 +167,10 @@ def specs():
     from stages.baseline import BASELINE_PARAMS
     from stages.distill import DISTILL_PARAMS
     from stages.evaluate import EVALUATE_PARAMS
-    from stages.pseudo import PSEUDO_PARAMS
     from stages.fetch import FETCH_PARAMS
     from stages.preprocess import PREPROCESS_PARAMS
+    from stages.pretrain import PRETRAIN_PARAMS
+    from stages.pseudo import PSEUDO_PARAMS
     from stages.split import CV_PARAMS, SPLIT_PARAMS
     from stages.tokenize import TOKENIZE_PARAMS
     from stages.train import MACHINE_PARAMS, TRAIN_PARAMS
@@ -177,7 +181,7 @@ def specs():
     sections = {"fetch": FETCH_PARAMS, "task": TASK_PARAMS, "preprocess": PREPROCESS_PARAMS, "model": MODEL_PARAMS,
                 "tokenize": TOKENIZE_PARAMS, "cv": CV_PARAMS, "split": SPLIT_PARAMS, "train": TRAIN_PARAMS,
                 "machine": MACHINE_PARAMS, "tune": TUNE_PARAMS, "baseline": BASELINE_PARAMS,
-                "pseudo": PSEUDO_PARAMS, "distill": DISTILL_PARAMS, "evaluate": EVALUATE_PARAMS}
+                "pretrain": PRETRAIN_PARAMS, "pseudo": PSEUDO_PARAMS, "distill": DISTILL_PARAMS, "evaluate": EVALUATE_PARAMS}
     return {f"{section}.{key}": kinds for section, spec in sections.items() for key, kinds in spec.items()}
 
 

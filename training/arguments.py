@@ -1,10 +1,15 @@
-"""Trainer's settings (TrainingArguments) from the train and machine sections of params.yaml."""
+"""Trainer's settings (TrainingArguments) from the train (or pretrain) and machine sections of params.yaml."""
 import torch
 from transformers import TrainingArguments
 from transformers.utils import is_torch_tf32_available
 
+from pipeline.settings import Range
 from training.lowmemory import optimizer
 from training.precision import autocast_dtype
+
+# what each machine.* key accepts (the same as stages/train.py's MACHINE_PARAMS, which predates this one)
+MACHINE_PARAMS = {"checkpoint_dir": (str,), "checkpoint_minutes": (float, Range(0, low_open=True)),
+                  "checkpoint_steps": (int, None, Range(1)), "loader_workers": (int, Range(0)), "pin_memory": (bool,)}
 
 
 def training_arguments(params, machine, output_dir, device, batch_size, accumulation):
@@ -48,4 +53,33 @@ def training_arguments(params, machine, output_dir, device, batch_size, accumula
         logging_nan_inf_filter=False,
         report_to="none",  # dvclive is attached explicitly, to write into reports/train/fold-K
         disable_tqdm=True,  # training.progress prints instead: a bar on a terminal, lines in a log
+    )
+
+
+def pretraining_arguments(params, machine, output_dir, device, dtype):
+    """Trainer's settings for the pretrain stage's masked-language-model training: the pretrain section, the
+    checkpoints and loaders of the machine section, the precision `dtype` (None: fp32). Checkpoints as in
+    training_arguments."""
+    cuda = device == "cuda"
+    return TrainingArguments(
+        output_dir=output_dir,
+        num_train_epochs=params["epochs"],
+        per_device_train_batch_size=params["batch_size"],
+        learning_rate=params["lr"],
+        weight_decay=0.01,
+        warmup_steps=0.06,  # a fraction of all steps, as RoBERTa pretrained
+        lr_scheduler_type="linear",
+        seed=params["seed"],
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        dataloader_pin_memory=machine["pin_memory"] and cuda,
+        dataloader_num_workers=machine["loader_workers"] if cuda else 0,
+        use_cpu=not cuda,
+        save_strategy="steps" if machine["checkpoint_steps"] else "no",
+        save_steps=machine["checkpoint_steps"] or 1,
+        save_total_limit=1,
+        logging_strategy="steps",
+        logging_steps=0.02,
+        report_to="none",
+        disable_tqdm=True,  # training.progress prints instead
     )

@@ -1,5 +1,5 @@
-"""Checkpoints of the train stage: where they go, when they are saved, resuming an interrupted run,
-and saving one on Ctrl-C or SIGTERM.
+"""Checkpoints of the train stage (and of pretrain, in <folder>/pretrain): where they go, when they are
+saved, resuming an interrupted run, and saving one on Ctrl-C or SIGTERM.
 
 Trainer saves a checkpoint (weights, optimizer, scheduler, RNG states, step) every
 machine.checkpoint_minutes (and every machine.checkpoint_steps, when set) into
@@ -35,11 +35,15 @@ CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 CHECKPOINTS_ENV = "PIPELINE_CHECKPOINTS"
 
 
+def root(checkpoint_dir):
+    """Where every stage's checkpoint folder goes: $PIPELINE_CHECKPOINTS or machine.checkpoint_dir."""
+    return Path(os.environ.get(CHECKPOINTS_ENV) or checkpoint_dir).expanduser()
+
+
 def folder(fold, checkpoint_dir):
-    """Fold `fold`'s checkpoint folder: $PIPELINE_CHECKPOINTS or machine.checkpoint_dir, then fold-<k>
-    (a name instead of a fold number: that name, as the students' pseudo-fold-<k> and distill-<name>)."""
-    return Path(os.environ.get(CHECKPOINTS_ENV) or checkpoint_dir).expanduser() / (
-        fold if isinstance(fold, str) else f"fold-{fold}")
+    """Fold `fold`'s checkpoint folder: root(checkpoint_dir) / fold-<k> (a name instead of a fold number:
+    that name, as the students' pseudo-fold-<k> and distill-<name>)."""
+    return root(checkpoint_dir) / (fold if isinstance(fold, str) else f"fold-{fold}")
 
 
 def check_writable(path, needed_bytes):
