@@ -94,18 +94,21 @@ def main():
     parser.add_argument("--pretrain-epochs", type=float, default=1.0, help="pretrain.epochs of row 2 (default 1)")
     parser.add_argument("--layers", type=int, default=3, help="the distilled student's layers (MiniLM has 6)")
     parser.add_argument("--work", type=Path, help="where to build the repo (default: a temporary folder)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a params.yaml change for every row, e.g. train.epochs=0.05 for a quick look")
     args = parser.parse_args()
+    every_row = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.set)}
     work = args.work or Path(tempfile.mkdtemp(prefix="students-"))
     shutil.rmtree(work / "pipeline", ignore_errors=True)
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     repo = fresh_repo(work)
-    command([sys.executable, "-m", "dvc", "init", "-q"], repo)
-    command([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], repo)
+    if not (repo / ".dvc").is_dir():  # a clone has the project's .dvc/
+        command([sys.executable, "-m", "dvc", "init", "-q"], repo)
     print(f"repo: {repo}; logs: {logs}", flush=True)
 
     rows = []
-    _, seconds, wall, m = repro(repo, "1-default", {}, logs)
+    _, seconds, wall, m = repro(repo, "1-default", every_row, logs)
     rows.append(("default (1 fold)", f1(m["val"]), f1(m.get("test")), seconds, wall))
     _, seconds, wall, m = repro(repo, "2-pretrain", {"pretrain.epochs": args.pretrain_epochs}, logs)
     pretrain = json.loads((repo / "reports/pretrain/metrics.json").read_text())

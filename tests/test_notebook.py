@@ -108,7 +108,7 @@ def test_the_killed_runtime_had_trained_past_a_checkpoint_on_drive(runtimes):
 
 def test_a_new_runtime_restores_the_finished_stages_and_resumes_the_fold(runtimes):
     _, _, second, root = runtimes
-    for stage in ("fetch", "preprocess", "tokenize", "split"):
+    for stage in ("fetch", "preprocess", "pretrain", "tokenize", "split"):
         assert f"Stage '{stage}' is cached - skipping run" in second, (stage, second[-3000:])
         assert f"Running stage '{stage}'" not in second, stage
     assert "Running stage 'train@0'" in second and "Running stage 'evaluate'" in second

@@ -15,7 +15,7 @@ import yaml
 from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = {"fetch", "preprocess", "tokenize", "split", "baseline", "train@0", "predict_test", "evaluate"}  # cv.folds [0]: one fold
+STAGES = {"fetch", "preprocess", "pretrain", "tokenize", "split", "baseline", "train@0", "predict_test", "evaluate"}  # cv.folds [0]: one fold
 # Small enough for CI, with margin on any CPU. The tiny BERT is randomly initialised: its token embeddings
 # were never trained, so frozen (the default, for pretrained models) they leave it a far harder task, on
 # which it ended at chance or stalled on two classes for some seeds and CPUs. Trained, at lr 2e-3, it

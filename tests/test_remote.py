@@ -114,8 +114,8 @@ def origin(tmp_path_factory, tiny_data_dir, tiny_model_dir):
     with pytest.MonkeyPatch.context() as mp:
         log = logged(mp, base, "A")
         dvc("repro", cwd=a)
-        assert stage_log(log) == ["fetch", "preprocess", "tokenize", "split", "baseline", "train@0", "predict_test",
-                                  "evaluate"]
+        assert stage_log(log) == ["fetch", "preprocess", "pretrain", "tokenize", "split", "baseline", "train@0",
+                                  "predict_test", "evaluate"]
         # the README's step: dvc.lock, the .gitignore files DVC wrote, and the metrics and
         # plots where dvc.yaml marks them `cache: false` (then git, not DVC, keeps them)
         commit_all(a, "results")

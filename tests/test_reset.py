@@ -79,7 +79,7 @@ def reset(tmp_path_factory, tiny_data_dir, tiny_model_dir):
 
 def test_the_finished_stages_are_restored_without_running(reset):
     output, _, _, _ = reset
-    for stage in ("fetch", "preprocess", "tokenize", "split", "train@0"):
+    for stage in ("fetch", "preprocess", "pretrain", "tokenize", "split", "train@0"):
         assert f"Stage '{stage}' is cached - skipping run, checking out outputs" in output, (stage, output)
         assert f"Running stage '{stage}'" not in output, stage
     assert "Running stage 'train@1'" in output and "Running stage 'evaluate'" in output

@@ -37,7 +37,7 @@ from tests.test_pipeline import REPO, dvc, init_pipeline_repo, set_params, stage
 from tests.test_resume import copy_repo
 
 THREE = [0, 1, 2]
-UPSTREAM = ["fetch", "preprocess", "tokenize", "split"]
+UPSTREAM = ["fetch", "preprocess", "pretrain", "tokenize", "split"]  # pretrain: off, a marker
 # fp32: the predict command's batches differ from the stage's, and bf16 would round the two apart
 COMMON = dict(train__epochs=10, train__effective_batch_size=16, train__mixed_precision=False)
 # pairs and multi-label train a wider model, gently (wider_model_dir says why)
@@ -161,7 +161,7 @@ def test_pairs_train_on_both_texts_and_score_as_recomputed(pairs):
         assert reported["f1_macro"] == pytest.approx(f1_score(truth, predicted, average="macro"), abs=1e-4)
         # one text alone leaves two labels equally likely (half right): the model read both
         assert reported["accuracy"] >= 0.8, (k, reported)
-    assert pairs["ran"][3][:5] == [*UPSTREAM, "baseline"] and pairs["ran"][3][-2:] == ["predict_test", "evaluate"]
+    assert pairs["ran"][3][:6] == [*UPSTREAM, "baseline"] and pairs["ran"][3][-2:] == ["predict_test", "evaluate"]
     processed = frame(pairs["k1"], "data/processed/train.csv")
     assert list(processed.columns) == ["text", "text_pair", "label"]
     tokens = load_file(pairs["repo"] / "data/tokenized/train.safetensors")  # segment ids: which text a token is of
@@ -322,14 +322,15 @@ def test_a_new_test_file_and_a_sample_submission_retrain_nothing(regression, tmp
     test.iloc[:50].assign(text=lambda t: t["text"].str.upper()).to_csv(source / "test.csv", index=False)
     set_params(repo, fetch__source=str(source))
     ran, _ = logged_repro(repo)
-    assert ran == ["fetch", "preprocess", "tokenize", "baseline", "predict_test", "evaluate"], ran  # the baseline: seconds
+    # the baseline: seconds; pretrain, off, writes the same marker, so no train stage reruns
+    assert ran == ["fetch", "preprocess", "pretrain", "tokenize", "baseline", "predict_test", "evaluate"], ran
     assert len(pd.read_csv(repo / "submission/submission.csv")) == 50
     # the competition's sample submission: its header and its order of ids
     sample = pd.DataFrame({"ID": test["id"].iloc[:50][::-1], "target": 0.0})
     sample.to_csv(source / "sample_submission.csv", index=False)
     set_params(repo, fetch__sample_submission_file="sample_submission.csv")
     ran, _ = logged_repro(repo)
-    assert ran == ["fetch", "preprocess", "tokenize", "baseline", "predict_test", "evaluate"], ran
+    assert ran == ["fetch", "preprocess", "pretrain", "tokenize", "baseline", "predict_test", "evaluate"], ran
     submission = pd.read_csv(repo / "submission/submission.csv", dtype={"ID": str})
     assert list(submission.columns) == ["ID", "target"] and submission["ID"].tolist() == sample["ID"].tolist()
 
@@ -453,7 +454,7 @@ def test_the_baseline_reruns_after_preprocess_changes_and_never_after_train_ones
     assert logged_repro(repo, "baseline")[0] == []  # the trial reuses it
     set_params(repo, preprocess__id_column=None)  # the test rows' ids become row numbers: other processed data
     ran, _ = logged_repro(repo, "baseline")
-    assert ran == ["preprocess", "baseline"], ran  # the train rows, and so the split, are as they were
+    assert ran == ["preprocess", "pretrain", "baseline"], ran  # the train rows, and so the split, are as they were
 
 
 # ---- the test rows, checked by other paths than the one that wrote them ------------------------
