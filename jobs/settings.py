@@ -5,6 +5,7 @@ import argparse
 from pipeline.settings import SEEDS, Range, load_params
 from tasks.shapes import TASK_PARAMS
 from training import lora, techniques
+from training.arguments import MACHINE_PARAMS  # the pretrain stage reads the machine section too
 from training.batch_size import check_batch_size
 from training.processes import per_process_batch
 
@@ -19,8 +20,6 @@ TRAIN_PARAMS = {"epochs": (float, Range(0, low_open=True)), "batch_size": (int, 
                 "keep_best": (bool,), "patience": (int, None, Range(1)), "gradient_checkpointing": (bool,),
                 "lora_rank": (int, Range(0)), "lora_alpha": (float, Range(0, low_open=True)),
                 "lora_modules": (lora.ALL_LINEAR, list), "adamw_8bit": (bool,), **techniques.TECHNIQUE_PARAMS}
-MACHINE_PARAMS = {"checkpoint_dir": (str,), "checkpoint_minutes": (float, Range(0, low_open=True)),
-                  "checkpoint_steps": (int, None, Range(1)), "loader_workers": (int, Range(0)), "pin_memory": (bool,)}
 
 
 def parse_fold(argv, prog="python -m stages.train", what="train one fold"):

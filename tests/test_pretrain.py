@@ -23,7 +23,7 @@ from transformers import BertForMaskedLM, BertModel
 from pipeline.settings import PipelineError
 from stages import pretrain
 from tests.test_pipeline import REPO, dvc, init_pipeline_repo, set_params, stage_env
-from training import arguments, checkpoint, mlm
+from training import checkpoint, mlm
 from training.pretrained import start_model
 
 OFF = b'{\n  "pretrained": false\n}\n'
@@ -145,10 +145,7 @@ def test_start_model_is_the_pretrained_folder_only_when_it_pretrained(tmp_path):
     assert start_model("minilm", folder) == str(folder)
 
 
-def test_the_machine_section_is_checked_as_the_train_stage_checks_it():
-    from stages.train import MACHINE_PARAMS
-
-    assert arguments.MACHINE_PARAMS == MACHINE_PARAMS
+def test_pretrain_checkpoints_sit_beside_the_folds():
     assert checkpoint.folder(2, "cp") == checkpoint.root("cp") / "fold-2"
 
 

@@ -7,7 +7,7 @@ from pipeline.settings import Range
 from training.lowmemory import optimizer
 from training.precision import autocast_dtype
 
-# what each machine.* key accepts (the same as stages/train.py's MACHINE_PARAMS, which predates this one)
+# what each machine.* key accepts; the train, pseudo, distill and pretrain stages read the section
 MACHINE_PARAMS = {"checkpoint_dir": (str,), "checkpoint_minutes": (float, Range(0, low_open=True)),
                   "checkpoint_steps": (int, None, Range(1)), "loader_workers": (int, Range(0)), "pin_memory": (bool,)}
 
