@@ -18,8 +18,10 @@ from tests.test_cv import logged_repro
 from tests.test_pipeline import init_pipeline_repo, set_params, stage_env
 
 CLASSES = ["negative", "neutral", "positive"]
+# the README's order: pretrain -> train -> pseudo and distill -> evaluate (a short pretraining: its wiring, not its gain)
 STUDENTS = dict(cv__folds=[0, 1], pseudo__folds=[0, 1], distill__students={"small": {"model": None, "layers": 1}},
-                distill__epochs=10, distill__lr=2e-3, train__mixed_precision=False)
+                distill__epochs=10, distill__lr=2e-3, train__mixed_precision=False, pretrain__epochs=1,
+                pretrain__max_length=32)
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,9 @@ def test_every_stage_runs_once_teachers_then_students_then_evaluate(run):
     assert ran.index("predict_test") < min(ran.index(s) for s in ("pseudo@0", "pseudo@1", "distill@small"))
     assert ran[-1] == "evaluate" and {"train@0", "train@1", "pseudo@0", "pseudo@1", "distill@small"} <= set(ran)
     assert "student fold 0: 60 of 60 test rows pseudo-labelled by teacher fold 0 (soft labels, share 1)" in log
+    assert ran[:3] == ["fetch", "preprocess", "pretrain"] and "pretrain: MLM loss on" in log
+    # every teacher and pseudo student starts from the pretrained encoder; the distilled one from its first layer
+    assert log.count("loaded models/pretrained; ") == 4 and "loaded models/pretrained (its first 1 layers)" in log
 
 
 def test_student_fold_k_learned_teacher_fold_ks_own_test_outputs_not_the_ensembles(run):
@@ -115,28 +120,6 @@ def test_evaluate_submits_what_evaluate_submit_names(run):
         logged_repro(repo)
 
 
-def test_what_reruns_after_a_teacher_a_pseudo_and_a_distill_setting_changes(run):
-    """Teachers changed: every student reruns, nothing before the teachers does; a pseudo or distill setting:
-    its students and evaluate only. Fewer epochs make the teachers' rerun cheap; the originals come back
-    from DVC's run cache."""
-    repo = run[0]
-    try:
-        set_params(repo, train__epochs=2)
-        ran, _ = logged_repro(repo)
-        assert sorted(ran) == sorted(["train@0", "train@1", "predict_test", "pseudo@0", "pseudo@1", "distill@small",
-                                      "evaluate"]), ran
-        set_params(repo, pseudo__share=0.5)
-        ran, _ = logged_repro(repo)
-        assert sorted(ran) == ["evaluate", "pseudo@0", "pseudo@1"], ran
-        assert len(pd.read_csv(repo / "students/pseudo/fold-0/predictions/pseudo_labels.csv")) == 30
-        set_params(repo, distill__epochs=3)
-        ran, _ = logged_repro(repo)
-        assert ran == ["distill@small", "evaluate"], ran
-    finally:
-        set_params(repo, train__epochs=10, pseudo__share=1.0, distill__epochs=10)
-        logged_repro(repo)
-
-
 def test_a_student_bigger_than_its_teacher_stops_in_one_line_before_any_work(run, tmp_path):
     repo = run[0]
     params = yaml.safe_load((repo / "params.yaml").read_text())
@@ -151,6 +134,24 @@ def test_a_student_bigger_than_its_teacher_stops_in_one_line_before_any_work(run
         lines = result.stderr.splitlines()
         assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"error: params.yaml: {expected}"), result.stderr
         assert sorted(p.name for p in folder.iterdir()) == ["params.yaml"]
+
+
+def test_what_reruns_after_a_teacher_a_pseudo_and_a_distill_setting_changes(run):
+    """Teachers changed: every student reruns, nothing before the teachers does (pretrain, on here, included);
+    a pseudo or distill setting: its students and evaluate only. Fewer epochs make the teachers' rerun cheap.
+    The last test of the module: it leaves the repo changed."""
+    repo = run[0]
+    set_params(repo, train__epochs=2)
+    ran, _ = logged_repro(repo)
+    assert sorted(ran) == sorted(["train@0", "train@1", "predict_test", "pseudo@0", "pseudo@1", "distill@small",
+                                  "evaluate"]), ran
+    set_params(repo, pseudo__share=0.5)
+    ran, _ = logged_repro(repo)
+    assert sorted(ran) == ["evaluate", "pseudo@0", "pseudo@1"], ran
+    assert len(pd.read_csv(repo / "students/pseudo/fold-0/predictions/pseudo_labels.csv")) == 30
+    set_params(repo, distill__epochs=3)
+    ran, _ = logged_repro(repo)
+    assert ran == ["distill@small", "evaluate"], ran
 
 
 # ---- the pure part: which test rows, and which targets ----------------------------------------
