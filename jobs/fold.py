@@ -26,6 +26,7 @@ from pipeline.settings import PipelineError
 from predicting import folds
 from predicting.inference import PIPELINE, make_collator
 from reading import windows
+from reading.tokens import unpack_flat, unpack_sequences
 from tasks.shapes import competition_metric
 from training import (
     attention,
@@ -88,6 +89,16 @@ class Rows:
     train: np.ndarray
     val: np.ndarray
     soft: bool = False
+
+
+def fold_rows(tensors, row_folds, fold):
+    """The train file's Rows (tensors: data/tokenized/train.safetensors) for fold `fold`: it trains on the
+    other folds' rows and validates on its own; windows (tokenize.truncation) go with their text's fold."""
+    sequences, label_ids = unpack_sequences(tensors)
+    texts = windows.text_of_row(tensors)  # several rows (windows) of a text
+    row_folds = row_folds[texts]
+    return Rows(sequences, unpack_flat(tensors, "token_type_ids"), texts, list(label_ids),
+                train=np.flatnonzero(row_folds != fold), val=np.flatnonzero(row_folds == fold))
 
 
 def speed_line(speed):

@@ -18,11 +18,10 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import transformers
 from safetensors.torch import load_file
 
-from jobs.fold import Job, Rows, train
+from jobs.fold import Job, fold_rows, train
 from jobs.pseudo import pseudo_labels, soft_rows, with_test_rows
 from jobs.settings import parse_fold, train_settings
 from pipeline.command import interactive, run_main
@@ -85,12 +84,7 @@ def main():
           f"({pseudo['labels']} labels" + (f", at least {pseudo['threshold']:g} sure" if pseudo["labels"] == "hard" else "")
           + f", share {pseudo['share']:g})")
 
-    tensors = load_file(TOKENIZED / "train.safetensors")
-    sequences, label_ids = unpack_sequences(tensors)
-    texts = windows.text_of_row(tensors)
-    row_folds = row_folds[texts]
-    rows = Rows(sequences, unpack_flat(tensors, "token_type_ids"), texts, list(label_ids),
-                train=np.flatnonzero(row_folds != fold), val=np.flatnonzero(row_folds == fold))
+    rows = fold_rows(load_file(TOKENIZED / "train.safetensors"), row_folds, fold)
     rows = soft_rows(rows, shape, labels) if shape.soft else rows
     test_tensors = load_file(TOKENIZED / "test.safetensors")
     rows = with_test_rows(rows, test_tensors, teacher_rows[picked], targets, shape)

@@ -35,17 +35,14 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
 import transformers
 from safetensors.torch import load_file
 
-from jobs.fold import Job, Rows, train
+from jobs.fold import Job, fold_rows, train
 from jobs.settings import MACHINE_PARAMS, TRAIN_PARAMS, parse_fold, train_settings  # noqa: F401 (tune reads TRAIN_PARAMS here)
 from pipeline.command import interactive, run_main, seconds_since_start
 from pipeline.settings import PipelineError
 from predicting import folds
-from reading import windows
-from reading.tokens import unpack_flat, unpack_sequences
 from tasks.shapes import SHAPES
 from training import checkpoint, pruning
 from training.models import model_params, resolve_model
@@ -74,12 +71,7 @@ def main():
         print(f"train@{fold}: pruned in {seconds_since_start():.1f} s")
         sys.exit(pruning.PRUNED_EXIT_CODE)
 
-    tensors = load_file(TOKENIZED / "train.safetensors")
-    sequences, label_ids = unpack_sequences(tensors)
-    texts = windows.text_of_row(tensors)  # tokenize.truncation windows: several rows (windows) of a text
-    row_folds = row_folds[texts]  # each in its text's fold
-    rows = Rows(sequences, unpack_flat(tensors, "token_type_ids"), texts, list(label_ids),
-                train=np.flatnonzero(row_folds != fold), val=np.flatnonzero(row_folds == fold))
+    rows = fold_rows(load_file(TOKENIZED / "train.safetensors"), row_folds, fold)
     job = Job(f"fold {fold}", fold, {**folds.outputs(fold), "checkpoints": checkpoint.folder(fold, machine["checkpoint_dir"])},
               start=start_model(resolve_model(model["name"])), model_name=model["name"], data=data, labels=labels,
               inputs=[TOKENIZED / "train.safetensors", TOKENIZED / "settings.json", LABELS, SHAPE, folds.FOLDS_CSV],
