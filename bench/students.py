@@ -13,6 +13,7 @@ Prints each row's validation/out-of-fold and test macro-F1, each stage's wall ti
 
     python -m bench.students                          # about 30 minutes on 2 CPU cores
     python -m bench.students --pretrain-epochs 0.5 --layers 3 --work /tmp/students
+    python -m bench.students --rows 3,4,5                 # the students only (4 and 5 need the folds of 3)
 """
 import argparse
 import json
@@ -94,6 +95,7 @@ def main():
     parser.add_argument("--pretrain-epochs", type=float, default=1.0, help="pretrain.epochs of row 2 (default 1)")
     parser.add_argument("--layers", type=int, default=3, help="the distilled student's layers (MiniLM has 6)")
     parser.add_argument("--work", type=Path, help="where to build the repo (default: a temporary folder)")
+    parser.add_argument("--rows", default="1,2,3,4,5", help="which rows to run (default all; 4 and 5 need 3)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a params.yaml change for every row, e.g. train.epochs=0.05 for a quick look")
     args = parser.parse_args()
@@ -107,37 +109,47 @@ def main():
         command([sys.executable, "-m", "dvc", "init", "-q"], repo)
     print(f"repo: {repo}; logs: {logs}", flush=True)
 
-    rows = []
-    _, seconds, wall, m = repro(repo, "1-default", every_row, logs)
-    rows.append(("default (1 fold)", f1(m["val"]), f1(m.get("test")), seconds, wall))
-    _, seconds, wall, m = repro(repo, "2-pretrain", {"pretrain.epochs": args.pretrain_epochs}, logs)
-    pretrain = json.loads((repo / "reports/pretrain/metrics.json").read_text())
-    rows.append((f"pretrain {args.pretrain_epochs:g} epoch(s), then the same fine-tune", f1(m["val"]), f1(m.get("test")),
-                 seconds, wall))
-    lr = yaml.safe_load((repo / "params.yaml").read_text())["train"]["lr"]
-    rerun, _, rerun_wall, _ = repro(repo, "2b-train-lr", {"train.lr": float(lr) * 1.5}, logs)  # pretrain must stay
-    repro(repo, "2c-train-lr-back", {"train.lr": lr}, logs)  # DVC's run cache restores row 2
-    _, seconds, wall, m = repro(repo, "3-two-folds", {"pretrain.epochs": 0, "cv.folds": [0, 1]}, logs)
-    rows.append(("2 folds: the teachers (OOF / ensemble)", f1(m["oof"]), f1(m.get("test")), seconds, wall))
-    _, seconds, wall, m = repro(repo, "4-pseudo", {"pseudo.folds": [0, 1]}, logs)
-    rows.append(("one pseudo-label round (students' OOF / ensemble)", f1(m["pseudo"]["oof"]), f1(m["pseudo"].get("test")),
-                 seconds, wall))
-    _, seconds, wall, m = repro(repo, "5-distill", {"distill.students": {"small": {"model": None, "layers": args.layers}}},
-                                  logs)
-    small = m["distill"]["small"]
-    described = (f"distilled student, {args.layers} of 6 layers (agreement {small.get('agreement', float('nan')):.4f}, "
-                 f"{small['speed']['speedup']:.2f}x the ensemble's rows/s)")
-    rows.append((described, "-", f1(small.get("test")), seconds, wall))
-    rows.append(("fold 0 alone (test)", "-", f1(m.get("single_fold", {}).get("test")), {}, 0.0))
+    chosen = {int(r) for r in args.rows.split(",")}
+    rows, pretrain, small, rerun, rerun_wall = [], None, None, None, 0.0
+    if 1 not in chosen:
+        set_params(repo, every_row)
+    if 1 in chosen:
+        _, seconds, wall, m = repro(repo, "1-default", every_row, logs)
+        rows.append(("default (1 fold)", f1(m["val"]), f1(m.get("test")), seconds, wall))
+    if 2 in chosen:
+        _, seconds, wall, m = repro(repo, "2-pretrain", {"pretrain.epochs": args.pretrain_epochs}, logs)
+        pretrain = json.loads((repo / "reports/pretrain/metrics.json").read_text())
+        rows.append((f"pretrain {args.pretrain_epochs:g} epoch(s), then the same fine-tune", f1(m["val"]),
+                     f1(m.get("test")), seconds, wall))
+        lr = yaml.safe_load((repo / "params.yaml").read_text())["train"]["lr"]
+        rerun, _, rerun_wall, _ = repro(repo, "2b-train-lr", {"train.lr": float(lr) * 1.5}, logs)  # pretrain must stay
+        repro(repo, "2c-train-lr-back", {"train.lr": lr}, logs)  # DVC's run cache restores row 2
+    if 3 in chosen:
+        _, seconds, wall, m = repro(repo, "3-two-folds", {"pretrain.epochs": 0, "cv.folds": [0, 1]}, logs)
+        rows.append(("2 folds: the teachers (OOF / ensemble)", f1(m["oof"]), f1(m.get("test")), seconds, wall))
+    if 4 in chosen:
+        _, seconds, wall, m = repro(repo, "4-pseudo", {"pseudo.folds": [0, 1]}, logs)
+        rows.append(("one pseudo-label round (students' OOF / ensemble)", f1(m["pseudo"]["oof"]),
+                     f1(m["pseudo"].get("test")), seconds, wall))
+    if 5 in chosen:
+        _, seconds, wall, m = repro(repo, "5-distill",
+                                    {"distill.students": {"small": {"model": None, "layers": args.layers}}}, logs)
+        small = m["distill"]["small"]
+        described = (f"distilled student, {args.layers} of 6 layers (agreement {small.get('agreement', float('nan')):.4f}, "
+                     f"{small['speed']['speedup']:.2f}x the ensemble's rows/s)")
+        rows.append((described, "-", f1(small.get("test")), seconds, wall))
+        rows.append(("fold 0 alone (test)", "-", f1(m.get("single_fold", {}).get("test")), {}, 0.0))
 
     print("\n| row | val / OOF macro-F1 | test macro-F1 | stages' own seconds | repro wall s |")
     print("|---|---|---|---|---|")
     for name, val, test, times, wall in rows:
         print(f"| {name} | {val} | {test} | {', '.join(f'{s} {t:.0f}' for s, t in times.items()) or '-'} | {wall:.0f} |")
-    print(f"\npretrain: {json.dumps(pretrain)}")
-    print(f"distilled student: {json.dumps(small)}")
-    print(f"row 2, then train.lr x1.5: `dvc repro` ran {', '.join(rerun)} ({rerun_wall:.0f} s); pretrain "
-          f"{'RERAN' if 'pretrain' in rerun else 'did not rerun'}")
+    if pretrain:
+        print(f"\npretrain: {json.dumps(pretrain)}")
+        print(f"row 2, then train.lr x1.5: `dvc repro` ran {', '.join(rerun)} ({rerun_wall:.0f} s); pretrain "
+              f"{'RERAN' if 'pretrain' in rerun else 'did not rerun'}")
+    if small:
+        print(f"distilled student: {json.dumps(small)}")
 
 
 if __name__ == "__main__":
