@@ -31,9 +31,9 @@ CHECKPOINTS = checkpoint.folder(0, "checkpoints")  # one fold (cv.folds [0]): tr
 
 def tokenized_repo(root, data_dir, model_dir, **params):
     """A committed pipeline repo (tests.test_pipeline.init_pipeline_repo) after `dvc repro
-    tokenize split`: copies of it train with no stage before train left to run."""
+    pretrain tokenize split`: copies of it train with no stage before train left to run."""
     repo = init_pipeline_repo(root, data_dir, model_dir, **params)
-    dvc("repro", "tokenize", "split", cwd=repo)
+    dvc("repro", "pretrain", "tokenize", "split", cwd=repo)
     return repo
 
 
