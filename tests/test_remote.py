@@ -122,7 +122,7 @@ def origin(tmp_path_factory, tiny_data_dir, tiny_model_dir):
         run(["git", "push", "-q", "origin", "main"], a)
         # --temp: runs in a copy, so A's workspace keeps the committed results
         dvc("exp", "run", "--temp", "-n", EXP, "-S", f"train.lr={EXP_LR}", cwd=a)
-        assert stage_log(log)[8:] == ["train@0", "predict_test", "evaluate"]  # the baseline reads no train.*
+        assert stage_log(log)[9:] == ["train@0", "predict_test", "evaluate"]  # the baseline reads no train.*
     yield {"base": base, "bare": bare, "a": a, "fingerprint": fingerprint(a),
            "exp_lock": run(["git", "show", f"{exp_ref(a, EXP)}:dvc.lock"], a).stdout}
 
