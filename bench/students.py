@@ -14,6 +14,7 @@ Prints each row's validation/out-of-fold and test macro-F1, each stage's wall ti
     python -m bench.students                          # about 30 minutes on 2 CPU cores
     python -m bench.students --pretrain-epochs 0.5 --layers 3 --work /tmp/students
     python -m bench.students --rows 3,4,5                 # the students only (4 and 5 need the folds of 3)
+    python -m bench.students --rows 5 --work W --reuse    # row 5 on the teachers an earlier --work W run trained
 """
 import argparse
 import json
@@ -98,13 +99,18 @@ def main():
     parser.add_argument("--rows", default="1,2,3,4,5", help="which rows to run (default all; 4 and 5 need 3)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a params.yaml change for every row, e.g. train.epochs=0.05 for a quick look")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep WORK/pipeline from an earlier run (its code as it was copied then), e.g. its teachers")
     args = parser.parse_args()
     every_row = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.set)}
     work = args.work or Path(tempfile.mkdtemp(prefix="students-"))
-    shutil.rmtree(work / "pipeline", ignore_errors=True)
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    repo = fresh_repo(work)
+    if args.reuse and (work / "pipeline" / "dvc.lock").exists():
+        repo = work / "pipeline"
+    else:
+        shutil.rmtree(work / "pipeline", ignore_errors=True)
+        repo = fresh_repo(work)
     if not (repo / ".dvc").is_dir():  # a clone has the project's .dvc/
         command([sys.executable, "-m", "dvc", "init", "-q"], repo)
     print(f"repo: {repo}; logs: {logs}", flush=True)

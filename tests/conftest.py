@@ -48,6 +48,9 @@ def tiny_data_dir(tmp_path_factory):
     return folder
 
 
+# pytest.ini runs the tests in two processes, each module whole in one (pytest-xdist, --dist loadfile):
+# the stages a test starts train on one thread (below), so a single process left the second core idle.
+# A session fixture is built once in each process that asks for it.
 @pytest.fixture(scope="session", autouse=True)
 def one_thread():
     """Stages the tests start run with one torch thread. On a shared 2-core machine two threads per

@@ -643,8 +643,7 @@ def test_predict_applies_the_runs_multilabel_threshold(multilabel, tmp_path):
 
 # ---- students of every shape (issue 25) ---------------------------------------------------------
 
-# multilabel and regression failed in stop 30's last full run, their cause not yet read: pairs only until then
-@pytest.mark.parametrize("name", ["pairs"])
+@pytest.mark.parametrize("name", ["pairs", "multilabel", "regression"])
 def test_students_of_every_shape_learn_teacher_k_and_are_scored_as_recomputed(request, name, tmp_path):
     """The one-fold run of each shape again with a pseudo-label student and a distilled one: the teachers
     are not retrained, student fold 0 learned teacher fold 0's test outputs in the shape's own form
@@ -655,7 +654,7 @@ def test_students_of_every_shape_learn_teacher_k_and_are_scored_as_recomputed(re
     repo = copy_repo(shape["repo"], tmp_path / "repo")
     train = yaml.safe_load((repo / "params.yaml").read_text())["train"]
     set_params(repo, pseudo__folds=[0], distill__students={"small": {"model": None, "layers": 1}},
-               distill__epochs=train["epochs"], distill__lr=train["lr"])
+               distill__epochs=train["epochs"], distill__lr=train["lr"], distill__test_rows=True)
     ran, log = logged_repro(repo)
     assert ran == ["pseudo@0", "distill@small", "evaluate"], ran
     teacher = pd.read_csv(repo / "predictions/test/fold-0.csv")

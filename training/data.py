@@ -28,4 +28,6 @@ class TokenizedDataset(torch.utils.data.Dataset):
 def standardised(labels, scale):
     """Targets as the model learns them: (y - mean) / std, scale from the task shape's target_scale."""
     mean, std = scale
-    return [(y - mean) / std for y in labels]
+    # None: a row outside the job's training and validation rows (a distilled student's row that no
+    # teacher validated on) has no target, and is never read
+    return [None if y is None else (y - mean) / std for y in labels]
