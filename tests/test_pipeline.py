@@ -63,8 +63,13 @@ def repro(cwd, with_log=False):
 
 
 def settle(repo, with_log=False, **settings):
-    """params.yaml at PIPELINE_PARAMS changed by settings, then `dvc repro`: what a test starts from,
-    whatever ran before it. Settings trained before come back from DVC's run cache in seconds."""
+    """params.yaml as the repo's first commit holds it (init_pipeline_repo's), at PIPELINE_PARAMS changed
+    by settings, then `dvc repro`: what a test starts from, whatever ran before it. Every key goes back,
+    not only PIPELINE_PARAMS': a setting another module left (test_techniques' train.averaging ema)
+    would otherwise train the next module's reference, in whichever order the test processes take the
+    modules. Settings trained before come back from DVC's run cache in seconds."""
+    first_commit = run(["git", "rev-list", "--max-parents=0", "HEAD"], repo).stdout.split()[0]
+    (repo / "params.yaml").write_text(run(["git", "show", f"{first_commit}:params.yaml"], repo).stdout)
     set_params(repo, **{**PIPELINE_PARAMS, **settings})
     return repro(repo, with_log)
 
