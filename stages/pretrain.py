@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, Trainer, set_seed
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, set_seed
 from transformers.trainer_callback import PrinterCallback
 
 from pipeline.command import interactive, run_main, seconds_since_start
@@ -99,6 +99,11 @@ def main():
           f"({extra_used:,} of them extra), {len(held):,} held out; {params['mask_probability']:.0%} of tokens masked, "
           f"at most {params['max_length']} tokens a text")
     before = mlm.held_out_scores(lm.to(device), held_out, device, dtype)
+    head = mlm.masked_lm_head(lm)
+    if head is not None and not mlm.head_reads_each_token_alone(lm, head, {k: v.to(device) for k, v in held_out[0].items()}):
+        head = None
+    print("the masked-LM head scores the masked tokens only" if head is not None else
+          f"the masked-LM head scores every token: {type(lm).__name__}'s head was not found to score each token alone")
 
     settings = {**{f"pretrain.{k}": v for k, v in sorted(params.items())}, "model.name": model["name"],
                 "texts sha256": mlm.texts_digest(texts)}
@@ -106,10 +111,11 @@ def main():
     # a checkpoint leaves out the MLM decoder, which is the word embeddings (tied): Trainer calls it missing
     logging.getLogger("transformers.trainer").addFilter(lambda record: "missing keys in the checkpoint" not in record.getMessage())
     with checkpoint.StopOnSignal(save_every=60 * machine["checkpoint_minutes"]) as stop:
-        trainer = Trainer(model=lm, args=pretraining_arguments(params, machine, str(folder), device, dtype),
-                          train_dataset=[{"input_ids": sequences[i]} for i in trained],
-                          data_collator=mlm.BatchSeededMasking(tokenizer, params["mask_probability"], params["seed"]),
-                          callbacks=[stop, ProgressLog(shown=())])
+        trainer = mlm.MaskedTokensTrainer(
+            model=lm, head=head, args=pretraining_arguments(params, machine, str(folder), device, dtype),
+            train_dataset=[{"input_ids": sequences[i]} for i in trained],
+            data_collator=mlm.BatchSeededMasking(tokenizer, params["mask_probability"], params["seed"]),
+            callbacks=[stop, ProgressLog(shown=())])
         trainer.remove_callback(PrinterCallback)  # it prints a dict per log; ProgressLog prints lines
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     if stop.stopped:

@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from transformers import BertForMaskedLM, BertModel
+from transformers import BertForMaskedLM, BertModel, TrainingArguments
 
 from pipeline.settings import PipelineError
 from stages import pretrain
@@ -123,6 +123,81 @@ def test_the_held_out_loss_is_the_mean_over_masked_tokens_whatever_the_batches()
     scores = mlm.held_out_scores(FixedLogits(torch.tensor(x, dtype=torch.float32) for x in logits), batches)
     assert scores["loss"] == pytest.approx(np.mean(losses), abs=1e-4)
     assert scores["perplexity"] == pytest.approx(math.exp(np.mean(losses)), rel=1e-3)
+
+
+def masked_batches(tokenizer, seed=0):
+    texts = ["the cat sat on the mat", "a storm is coming to the coast tonight", "fire", "no news today at all"]
+    return mlm.masked_once(tokenizer, tokenizer(texts)["input_ids"], 0.3, seed, batch_size=4)
+
+
+def trained_weights(model_dir, tokenizer, tmp_path, masked_only):
+    """The tiny BERT's weights after 3 steps of the pretrain stage's Trainer, which scores the masked tokens
+    only (masked_only) or every token (its head None: the model's own forward and loss)."""
+    torch.manual_seed(0)  # the new MLM head
+    lm = BertForMaskedLM.from_pretrained(model_dir)
+    head = mlm.masked_lm_head(lm) if masked_only else None
+    texts = [f"tweet number {i} about fire and floods in the city" for i in range(12)]
+    args = TrainingArguments(output_dir=str(tmp_path / f"out-{masked_only}"), max_steps=3, per_device_train_batch_size=4,
+                             learning_rate=1e-3, use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True,
+                             seed=0)
+    trainer = mlm.MaskedTokensTrainer(model=lm, head=head, args=args,
+                                      train_dataset=[{"input_ids": ids} for ids in tokenizer(texts)["input_ids"]],
+                                      data_collator=mlm.BatchSeededMasking(tokenizer, 0.3, 0))
+    scored = []  # tokens the head scored at each call: a 2-d input is the masked tokens alone
+    lm.cls.register_forward_hook(lambda module, inputs, output: scored.append(tuple(inputs[0].shape[:-1])))
+    trainer.train()
+    return {name: value.detach().clone() for name, value in lm.state_dict().items()}, scored
+
+
+def test_scoring_only_the_masked_tokens_trains_the_same_weights_as_the_models_own_loss(tiny_model_dir, tokenizer, tmp_path):
+    lm = BertForMaskedLM.from_pretrained(tiny_model_dir)
+    assert mlm.masked_lm_head(lm) is lm.cls
+    batch = masked_batches(tokenizer)[0]
+    scores, labels = mlm.masked_token_scores(lm, lm.cls, batch)
+    assert len(labels) == int((batch["labels"] != -100).sum()) > 0
+    # the same loss as the model's own forward over every token, and the same gradients
+    own = lm(**batch).loss
+    own.backward()
+    own_grads = {n: p.grad.clone() for n, p in lm.named_parameters() if p.grad is not None}
+    lm.zero_grad()
+    torch.nn.functional.cross_entropy(scores, labels).backward()
+    assert torch.nn.functional.cross_entropy(scores, labels).item() == pytest.approx(own.item(), abs=1e-5)
+    for name, grad in own_grads.items():
+        torch.testing.assert_close(dict(lm.named_parameters())[name].grad, grad, rtol=1e-4, atol=1e-6, msg=name)
+    # through the stage's Trainer: 3 steps each way reach the same weights
+    masked_only, scored_masked = trained_weights(tiny_model_dir, tokenizer, tmp_path, True)
+    every_token, scored_every = trained_weights(tiny_model_dir, tokenizer, tmp_path, False)
+    assert len(scored_masked) == len(scored_every) == 3
+    assert all(len(shape) == 1 for shape in scored_masked), scored_masked  # (masked tokens,)
+    assert all(len(shape) == 2 for shape in scored_every), scored_every  # (texts, tokens)
+    assert sum(n for n, in scored_masked) < sum(a * b for a, b in scored_every) / 2
+    for name, weight in every_token.items():
+        torch.testing.assert_close(masked_only[name], weight, rtol=1e-4, atol=1e-5, msg=name)
+    assert not torch.equal(masked_only["cls.predictions.transform.dense.weight"],
+                           BertForMaskedLM.from_pretrained(tiny_model_dir).cls.predictions.transform.dense.weight)
+
+
+class MixingHead(torch.nn.Module):
+    """A head whose score at a token reads the others (their mean): scored on the masked tokens alone it
+    would see other neighbours than in the model's forward."""
+
+    def __init__(self, head):
+        super().__init__()
+        self.head = head
+
+    def forward(self, hidden):
+        return self.head(hidden + hidden.mean(dim=-2, keepdim=True))
+
+
+def test_a_head_that_reads_other_tokens_is_found_out_and_the_model_scores_every_token(tiny_model_dir, tokenizer):
+    lm = BertForMaskedLM.from_pretrained(tiny_model_dir)
+    batch = masked_batches(tokenizer)[0]
+    assert mlm.head_reads_each_token_alone(lm, lm.cls, batch)
+    lm.cls = MixingHead(lm.cls)
+    assert mlm.masked_lm_head(lm) is lm.cls
+    assert not mlm.head_reads_each_token_alone(lm, lm.cls, batch)
+    lm.extra = torch.nn.Linear(2, 2)  # two modules besides the encoder (ModernBERT's head and decoder): none taken
+    assert mlm.masked_lm_head(lm) is None
 
 
 def test_the_saved_encoder_keeps_the_checkpoints_pooler(tiny_model_dir):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import DataCollatorForLanguageModeling
+from transformers import DataCollatorForLanguageModeling, Trainer
 
 from pipeline.settings import PipelineError
 from reading.csvfiles import read_csv
@@ -112,6 +112,51 @@ def held_out_scores(model, batches, device="cpu", dtype=None):
                                                    ignore_index=-100, reduction="sum").item()
     loss = total / masked_count(batches)
     return {"loss": round(loss, 4), "perplexity": round(math.exp(loss), 2)}
+
+
+def masked_lm_head(model):
+    """The one module besides the encoder that turns its hidden states into the vocabulary's scores (BERT's
+    `cls`, RoBERTa's `lm_head`), or None where the model has more or none (ModernBERT's head and decoder)."""
+    heads = [module for module in model.children() if module is not model.base_model]
+    return heads[0] if len(heads) == 1 else None
+
+
+def masked_token_scores(model, head, batch):
+    """(the head's scores at the masked tokens of `batch`, their labels): the encoder runs on every token, the
+    head on the masked ones only."""
+    inputs = {key: value for key, value in batch.items() if key != "labels"}
+    masked = batch["labels"] != -100
+    return head(model.base_model(**inputs)[0][masked]), batch["labels"][masked]
+
+
+@torch.no_grad()
+def head_reads_each_token_alone(model, head, batch):
+    """Whether the head's scores at the masked tokens alone are the model's own logits there: true of a
+    head that scores each position by itself (a dense layer, LayerNorm, the decoder), which is what scoring
+    only the masked tokens assumes. Checked once on a real batch before training."""
+    model.eval()
+    scores, _ = masked_token_scores(model, head, batch)
+    logits = model(**{key: value for key, value in batch.items() if key != "labels"}).logits
+    return scores.shape == logits[batch["labels"] != -100].shape and torch.allclose(
+        scores, logits[batch["labels"] != -100], rtol=1e-4, atol=1e-4)
+
+
+class MaskedTokensTrainer(Trainer):
+    """Trainer whose masked-LM loss scores only the masked tokens: the model's own forward scores all
+    30,522 words of BERT's vocabulary at every token, and 85% of those scores are thrown away by the loss
+    (labels -100). The loss is the model's own (the mean cross-entropy over the batch's masked tokens), so
+    the gradients are too, at a fraction of the head's work. head None: the model's own forward."""
+
+    def __init__(self, *args, head, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.head = head
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.head is None or return_outputs or model is not self.model:  # wrapped (several processes)
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        with self.accelerator.autocast():  # accelerate autocasts the model's forward, not its parts
+            scores, labels = masked_token_scores(model, self.head, inputs)
+        return torch.nn.functional.cross_entropy(scores.float(), labels)
 
 
 def with_pooler(mlm_model, base):
