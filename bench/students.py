@@ -11,7 +11,7 @@ and after row 2, train.lr changed: which stages a second `dvc repro` reruns (pre
 Prints each row's validation/out-of-fold and test macro-F1, each stage's wall time (the stage's own
 "wrote ... in N s" line) and a markdown table. Every number is from this run; compare rows, not machines.
 
-    python -m bench.students                          # about 30 minutes on 2 CPU cores
+    python -m bench.students      # 2 CPU cores: rows 1, 2 took 36 min quiet; rows 3-5 2 h beside the tests
     python -m bench.students --pretrain-epochs 0.5 --layers 3 --work /tmp/students
     python -m bench.students --rows 3,4,5                 # the students only (4 and 5 need the folds of 3)
     python -m bench.students --rows 5 --work W --reuse    # row 5 on the teachers an earlier --work W run trained

@@ -7,7 +7,8 @@ then loads nothing and writes models/pretrained/pretrained.json and reports/pret
 {"pretrained": false}, the same bytes whatever the texts, so that the train stages keep their cache.
 On: the model with a masked-LM head (AutoModelForMaskedLM; a model saved without one, as MiniLM is, gets a
 new head) trains with transformers' Trainer and masked-LM collator (training/mlm.py) on the distinct texts
-but a share (pretrain.held_out), which is masked once to measure the MLM loss before and after. Writes
+but a share (pretrain.held_out), which is masked once to measure the MLM loss before and after. The head
+scores only the masked tokens (mlm.MaskedTokensTrainer: the model's own loss, 1.6x faster on a CPU). Writes
 models/pretrained (the encoder with the checkpoint's own pooler, the tokenizer, pretrained.json), which the
 train stage starts from (training/pretrained.py), and reports/pretrain/metrics.json.
 It reads no train.* or cv.* key: changing those never reruns it. Checkpoints as the train stage's, into

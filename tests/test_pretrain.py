@@ -307,6 +307,7 @@ def test_pretraining_lowers_the_held_out_loss_and_keeps_the_pooler(repo, tiny_mo
     assert re.search(rf"^pretrain: MLM loss on 18 held-out texts {loss['before']:.2f} -> {loss['after']:.2f} "
                      r"\(perplexity [\d.]+ -> [\d.]+\) in \d+ s$", log, re.M), log
     assert "Traceback" not in log and "\r" not in log
+    assert "the masked-LM head scores the masked tokens only" in log, log
     assert json.loads((repo / "models/pretrained/pretrained.json").read_text())["pretrained"] is True
     assert start_model("minilm", repo / "models/pretrained") == str(repo / "models/pretrained")
     saved, original = load_file(repo / "models/pretrained/model.safetensors"), load_file(tiny_model_dir / "model.safetensors")
