@@ -238,10 +238,13 @@ def pg():
         yield server
 
 
-def tuner_process(repo, *args, env=None):
+def tuner_process(repo, *args, env=None, sigint_ignored=False):
+    """python -m tune running in the background; sigint_ignored: started as a script's background job is, with
+    SIGINT ignored, which a child inherits (a test runner's worker was seen to pass that on too)."""
     environ = dict(stage_env(), **(env or {}))
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     return subprocess.Popen([sys.executable, "-m", "tune", *args], cwd=repo, env=environ, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=ignore)
 
 
 def wait_for(condition, timeout, what):
@@ -272,8 +275,9 @@ def test_a_stopped_and_a_killed_worker_resume_from_the_checkpoint(tmp_path, tiny
     repo = tune_repo(tmp_path / "repo", tiny_data_dir, tiny_model_dir, trials=1, train__epochs=12,
                      machine__checkpoint_steps=5, tune__heartbeat=2, tune__pruner="none")
     checkpoints = repo / "checkpoints/fold-0"
-    # Ctrl-C: the tuner passes it to the trial, whose train stage saves a checkpoint; the study is kept
-    tuner = tuner_process(repo)
+    # Ctrl-C: the tuner passes it to the trial, whose train stage saves a checkpoint; the study is kept. The
+    # tuner starts with SIGINT ignored, as a background job would: it must still stop
+    tuner = tuner_process(repo, sigint_ignored=True)
     wait_for(lambda: list(checkpoints.glob("checkpoint-*")), 300, "a first checkpoint")
     tuner.send_signal(signal.SIGINT)
     out = tuner.communicate(timeout=300)[0]

@@ -15,6 +15,7 @@ Then: python -m tune.show (the table), python -m tune.report (HTML), python -m t
 python -m tune.blend --top 3.
 """
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -80,6 +81,10 @@ def describe(params):
 def main():
     import optuna
 
+    # Ctrl-C stops the study cleanly (its trial saves a checkpoint) even when the tuner was started by a
+    # parent that ignores SIGINT (a script's background job, a test runner): Python keeps an inherited
+    # SIG_IGN instead of raising KeyboardInterrupt, and the trial would run on
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     args = parse_args(sys.argv[1:])
     settings, space, fold_count = load_settings()
     if args.study:
