@@ -72,7 +72,7 @@ def run(name, assignments, link, log, checkpoints):
                                    start_new_session=True)
         wait_until_started(process, log)
     try:
-        returncode = wait(process)
+        returncode = process.wait()
     except KeyboardInterrupt:
         interrupt(process)
         raise
@@ -82,17 +82,6 @@ def run(name, assignments, link, log, checkpoints):
     errors = [line for line in text.splitlines() if line.startswith(("error:", "ERROR:"))]
     return Outcome(returncode, time.monotonic() - start, sum(map(float, STAGE_TIME_RE.findall(text))),
                    errors[0] if errors else f"exited with {returncode}")
-
-
-def wait(process):
-    """process.wait() in short waits. Python runs signal handlers in the main thread only, between bytecodes:
-    a Ctrl-C the kernel hands to another thread (Optuna's heartbeat) leaves a main thread blocked in one long
-    wait until the trial ends (seen once in the tests: the whole trial ran on)."""
-    while True:
-        try:
-            return process.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def interrupt(process):
