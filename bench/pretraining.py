@@ -15,7 +15,7 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, set_seed
 from transformers import logging as hf_logging
 from transformers.trainer_callback import PrinterCallback
 
-from bench.common import load_average, load_corpus
+from bench.common import NO_CHECKPOINTS, load_average, load_corpus
 from pipeline.settings import load_params
 from reading.tokens import joined
 from stages.preprocess import PREPROCESS_PARAMS
@@ -24,9 +24,6 @@ from training import mlm
 from training.arguments import pretraining_arguments
 from training.models import resolve_model
 from training.precision import autocast_dtype, cpu_isa
-
-NO_CHECKPOINTS = {"checkpoint_steps": None, "loader_workers": 0, "pin_memory": False}
-
 
 def run(params, tokenizer, sequences, masked_only, steps, dtype, folder):
     """(seconds, tokens, final training loss) of `steps` pretraining steps from the same start."""

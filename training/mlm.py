@@ -136,9 +136,8 @@ def head_reads_each_token_alone(model, head, batch):
     only the masked tokens assumes. Checked once on a real batch before training."""
     model.eval()
     scores, _ = masked_token_scores(model, head, batch)
-    logits = model(**{key: value for key, value in batch.items() if key != "labels"}).logits
-    return scores.shape == logits[batch["labels"] != -100].shape and torch.allclose(
-        scores, logits[batch["labels"] != -100], rtol=1e-4, atol=1e-4)
+    logits = model(**{key: value for key, value in batch.items() if key != "labels"}).logits[batch["labels"] != -100]
+    return scores.shape == logits.shape and torch.allclose(scores, logits, rtol=1e-4, atol=1e-4)
 
 
 class MaskedTokensTrainer(Trainer):
