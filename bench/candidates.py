@@ -1,5 +1,5 @@
 """Each candidate change to the CPU training step against the train stage's defaults of today, side by
-side in one run (the defaults run half their steps before the candidate and half after), as a ratio of
+side in one run (defaults, candidate, candidate, defaults: each the same first batches), as a ratio of
 real tokens/s. The embedded MiniLM on the embedded tweets at the train stage's settings.
 
     python -m bench.candidates --threads 1 --steps 16            # all candidates
@@ -13,7 +13,9 @@ Candidates (each alone, the defaults otherwise):
 - foreach_adamw: train.fused_adamw false (transformers' adamw_torch) against the fused kernel;
 - micro_batch_16: batches of 16, accumulated twice (the same effective batch of 32);
 - effective_64: batches of 64 (a larger effective batch: changes the result, for its speed only);
-- unpadded: train.unpadded true (padding-free batches; on a CPU the per-text attention path).
+- unpadded: train.unpadded true (padding-free batches; on a CPU the per-text attention path);
+- full_last_layer: the last layer computes every token, not the first only (training/first_token.py):
+  below 1x by what the defaults gain from it.
 """
 import argparse
 import dataclasses
@@ -33,7 +35,7 @@ from reading.tokens import auto_max_length, model_limit, tokenize_texts
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from stages.train import TRAIN_PARAMS
-from training import attention, unpadded
+from training import attention, first_token, unpadded
 from training.arguments import training_arguments
 from training.batch_size import pick_batch_size
 from training.models import resolve_model
@@ -48,19 +50,23 @@ CANDIDATES = {  # name: (train.* changes, fp32 attention, attn_implementation)
     "micro_batch_16": ({"batch_size": 16}, False, None),
     "effective_64": ({"batch_size": 64, "effective_batch_size": 64}, False, None),
     "unpadded": ({"unpadded": True}, False, None),
+    "full_last_layer": ({}, False, None),
 }
 
 
-def train(params, tokenizer, sequences, data, folder, steps, warmup, fp32_attention=False, implementation=None):
+def train(params, tokenizer, sequences, data, folder, steps, warmup, fp32_attention=False, implementation=None,
+          full_last_layer=False):
     """Throughput of `steps` steps of the train stage's settings `params` (CPU, no checkpoints)."""
     model = minilm_model(**recipe(params))
     if implementation:
         model.set_attn_implementation(implementation)
+    packed = params["unpadded"] and unpadded.supports(model)
+    if not full_last_layer:
+        first_token.choose(model, first_token.check_batch(make_collator(tokenizer, "cpu"), sequences), packed)
     batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"], params["effective_batch_size"],
                                              params["mixed_precision"], "cpu")
     args = dataclasses.replace(training_arguments(params, NO_CHECKPOINTS, folder, "cpu", batch, accumulation),
                                **QUIET, save_strategy="no")
-    packed = params["unpadded"] and unpadded.supports(model)
     callbacks = [attention.Fp32Attention(model)] if fp32_attention else []
     meter = run_steps(unpadded.UnpaddedClassifier(model) if packed else model, args, data,
                       unpadded.collate if packed else make_collator(tokenizer, "cpu"), steps,
@@ -103,7 +109,7 @@ def main():
                 if not candidate:
                     return train(params, tokenizer, sequences, data, folder, n, 1)
                 return train({**params, **changes}, tokenizer, sequences, data, folder, n, 1,
-                             fp32_attention, implementation)
+                             fp32_attention, implementation, full_last_layer=name == "full_last_layer")
 
             default, changed = side_by_side(run, opts.steps)
             ratio = changed["tokens_per_s"] / default["tokens_per_s"]

@@ -33,7 +33,7 @@ from reading.tokens import auto_max_length, model_limit, tokenize_texts
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from stages.train import TRAIN_PARAMS
-from training import attention
+from training import attention, first_token
 from training.arguments import training_arguments
 from training.batch_size import pick_batch_size
 from training.models import resolve_model
@@ -132,6 +132,7 @@ class ProfileSteps(TrainerCallback):
 def profile(params, sequences, labels, tokenizer, folder, bf16, compiled, warmup, steps, top=0, fp32_attention=False):
     """(ms per step by row, unprofiled ms per step, batch) of the train stage's settings in bf16 or fp32."""
     model = minilm_model(**recipe(params))
+    first_token.choose(model, first_token.check_batch(make_collator(tokenizer, "cpu"), sequences))  # as the stage trains
     batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"],
                                              params["effective_batch_size"], bf16, "cpu")
     args = dataclasses.replace(training_arguments({**params, "mixed_precision": False, "compile": compiled},

@@ -25,7 +25,7 @@ from bench.common import (
 )
 from bench.flops import PeakSampler
 from predicting.inference import make_collator
-from training import attention, unpadded
+from training import attention, first_token, unpadded
 from training.arguments import training_arguments
 from training.batch_size import pick_batch_size
 from training.precision import autocast_dtype, cpu_bf16_speedup
@@ -34,10 +34,13 @@ from training.speed import CountingTrainer, Throughput, peak_memory
 COMPILE_WARMUP = 10  # steps: the row for torch.compile times what follows its compiling
 
 
-def stage_callbacks(model, args):
-    """The callbacks the train stage adds for these settings that change its speed: attention in fp32
-    inside bf16 autocast where this CPU's bf16 attention is slower (training/attention.py)."""
+def stage_callbacks(model, args, tokenizer, sequences):
+    """What the train stage does to the model for these settings that changes its speed: its last layer
+    computes the first token only where that gives its own logits (training/first_token.py, checked on a
+    few of `sequences`); and the callbacks it adds: attention in fp32 inside bf16 autocast where this
+    CPU's bf16 attention is slower (training/attention.py)."""
     device = "cpu" if args.use_cpu else "cuda"
+    first_token.choose(model, first_token.check_batch(make_collator(tokenizer, device), sequences))
     fp32_attention, _ = attention.choose(model, device, torch.bfloat16 if args.bf16 else None, packed=False)
     return [attention.Fp32Attention(model)] if fp32_attention else []
 
@@ -84,7 +87,7 @@ def bench_training(make_model, tokenizer, data, params, device, steps, baseline_
                                    save_strategy="no")
         ours, peaks = run_steps(model, args, dataset(folder, "ours", sequences, labels),
                                 make_collator(tokenizer, device), steps, warmup, measure_peak,
-                                stage_callbacks(model, args))
+                                stage_callbacks(model, args, tokenizer, sequences))
         memory = peak_memory()
         del model
         free_gpu()
@@ -96,12 +99,15 @@ def bench_training(make_model, tokenizer, data, params, device, steps, baseline_
 
 
 def side_by_side(run, steps):
-    """(throughput summary of run(False, ...), of run(True, ...)) over `steps` optimizer steps each; the
-    False side runs half its steps before the True side and half after, so a change in load affects both."""
-    reference = [run(False, steps // 2)]
-    changed = run(True, steps)
-    reference.append(run(False, steps - steps // 2))
-    return combined(reference).summary(), changed.summary()
+    """(throughput summary of run(False, ...), of run(True, ...)) over `steps` optimizer steps each, in the
+    order False, True, True, False: a change in load affects both sides alike. Each run is a fresh Trainer
+    of the same seed, so each times the same first batches: both sides time the same texts (with one run
+    of `steps` on one side, that side would time later batches, of other lengths, than the other)."""
+    halves = (steps // 2, steps - steps // 2)
+    reference, changed = [run(False, halves[0])], [run(True, halves[0])]
+    changed.append(run(True, halves[1]))
+    reference.append(run(False, halves[1]))
+    return combined(reference).summary(), combined(changed).summary()
 
 
 def bench_precision(make_model, tokenizer, sequences, labels, params, device, steps, warmup):
@@ -118,7 +124,7 @@ def bench_precision(make_model, tokenizer, sequences, labels, params, device, st
             args = dataclasses.replace(training_arguments({**params, "mixed_precision": False}, NO_CHECKPOINTS, folder, device,
                                                           batch, accumulation), **QUIET, save_strategy="no", bf16=bf16)
             meter = run_steps(model, args, data, make_collator(tokenizer, device), n, warmup,
-                              callbacks=stage_callbacks(model, args))[0]
+                              callbacks=stage_callbacks(model, args, tokenizer, sequences))[0]
             free_gpu()
             return meter
 
@@ -133,7 +139,7 @@ def train_as_the_stage(model, params, tokenizer, sequences, data, folder, device
     args = dataclasses.replace(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation), **QUIET,
                                save_strategy="no")
     meter = run_steps(model, args, data, make_collator(tokenizer, device), steps, warmup,
-                      callbacks=stage_callbacks(model, args))[0]
+                      callbacks=stage_callbacks(model, args, tokenizer, sequences))[0]
     free_gpu()
     return meter
 

@@ -33,6 +33,7 @@ from training import (
     best,
     checkpoint,
     compiling,
+    first_token,
     lora,
     losses,
     lowmemory,
@@ -142,10 +143,13 @@ def train(job, rows, params, machine, task_metric, tokenized_settings):
         (" and their second texts (pairs)" if job.data["pair_columns"] else "") +
         (f"; windows of {len(set(texts[rows.train])):,} / {len(set(texts[val_rows])):,} texts"
          if len(np.unique(texts)) < len(texts) else ""))
+    packed = params["unpadded"] and unpadded.supports(model) and not rows.soft  # packed rows take class ids
+    collator = make_collator(tokenizer, device)
+    # before the batch-size probe, which then measures the step as it trains
+    say(first_token.choose(model, first_token.check_batch(collator, train_set.sequences, train_set.token_types), packed))
     batch_size, accumulation, seq_len = agreed_batch_size(model, train_set.sequences, params, world_size, device)
     dtype = autocast_dtype(params["mixed_precision"], device)
     precision = str(dtype or torch.float32).removeprefix("torch.")
-    packed = params["unpadded"] and unpadded.supports(model) and not rows.soft  # packed rows take class ids
     fp32_attention, attention_note = attention.choose(model, device, dtype, packed)
     say(f"batch: {batch_size} per step x {accumulation} accumulated" +
         (f" x {world_size} processes" if world_size > 1 else "") +
@@ -162,7 +166,7 @@ def train(job, rows, params, machine, task_metric, tokenized_settings):
     live = open_live(resume, out["live"]) if main_process else None
     if live:  # the device this run was given: with a queue worker per GPU (README), which one each took
         live.summary.update(device=device, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
-    throughput, collator = Throughput(), make_collator(tokenizer, device)
+    throughput = Throughput()
     scores = ValidationScores(shape, scale, texts[val_rows]) if val_set else None  # windows: each text scored once
     if params["unpadded"]:
         say("train.unpadded: padding-free batches" if packed else

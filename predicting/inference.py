@@ -10,6 +10,7 @@ import torch
 from pipeline.settings import PipelineError
 from reading.windows import mean_by_text
 from tasks.shapes import SHAPES
+from training import first_token
 
 PIPELINE = "pipeline.json"  # beside each trained model: how its data was read, cleaned and tokenized
 
@@ -104,7 +105,9 @@ def fold_outputs(tokenizer, model, run, sequences, token_types, device, batch_si
     target's units (pipeline.json's target_scale undoes the standardisation the model was trained with).
     texts: the text of each row (tokenize.truncation windows); each text's outputs are then the mean of
     its rows', one row per text in text order."""
-    logits = predict_logits(model, make_collator(tokenizer, device), sequences, batch_size or run["predict_batch_size"],
+    collator = make_collator(tokenizer, device)
+    first_token.choose(model, first_token.check_batch(collator, sequences, token_types))  # as it was trained
+    logits = predict_logits(model, collator, sequences, batch_size or run["predict_batch_size"],
                             device, prediction_dtype(run, device), token_types)
     outputs = SHAPES[run["kind"]].activate(logits, run["target_scale"])
     if texts is None or len(np.unique(texts)) == len(texts):  # one row per text, in order

@@ -148,6 +148,8 @@ def test_the_log_reads_top_to_bottom(pipeline):
     assert 15 <= len(steps) <= 25 and steps[-1][0] == steps[-1][1], steps  # about one line per 5%
     epochs = PIPELINE_PARAMS["train__epochs"]
     assert re.search(rf"^epoch {epochs}: validation accuracy [\d.]+, macro-F1 [\d.]+, loss [\d.]+$", log, re.M)
+    # the tiny BERT's classifier reads the first token: its last layer computes that one only
+    assert "last layer: the first token only, the one the classifier reads (the same logits, checked)" in log
 
 
 def test_model_learns_and_metrics_are_reported(pipeline):
