@@ -24,14 +24,25 @@ import tempfile
 import time
 
 import torch
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer
 from transformers import logging as hf_logging
 
-from bench.common import NO_CHECKPOINTS, QUIET, REPO, dataset, free_gpu, load_average, load_corpus, minilm_model, recipe
+from bench.common import (
+    NO_CHECKPOINTS,
+    QUIET,
+    REPO,
+    dataset,
+    free_gpu,
+    load_average,
+    load_corpus,
+    minilm_model,
+    recipe,
+    stage_max_length,
+)
 from bench.training import COMPILE_WARMUP, run_steps, side_by_side
 from pipeline.settings import load_params
 from predicting.inference import make_collator
-from reading.tokens import auto_max_length, model_limit, tokenize_texts
+from reading.tokens import tokenize_texts
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from stages.train import TRAIN_PARAMS
@@ -90,11 +101,7 @@ def main():
     source = resolve_model("minilm")
     tokenizer = AutoTokenizer.from_pretrained(source)
     texts, labels, _ = load_corpus(load_params("preprocess", PREPROCESS_PARAMS))
-    _, lengths = tokenize_texts(tokenizer, texts, 512)
-    max_length = tokenize["max_length"]
-    if max_length == "auto":
-        max_length = auto_max_length(lengths, tokenize["length_percentile"],
-                                     model_limit(tokenizer, AutoConfig.from_pretrained(source)))
+    max_length = stage_max_length(tokenizer, source, texts, tokenize)
     sequences, _ = tokenize_texts(tokenizer, texts, max_length)
     dtype = autocast_dtype(params["mixed_precision"], "cpu")
     print(f"candidates on cpu ({cpu_isa()}), {torch.get_num_threads()} torch threads, load average "

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import BertConfig, BertForSequenceClassification, set_seed
+from transformers import AutoConfig, BertConfig, BertForSequenceClassification, set_seed
 
 from fetching.builtin import write_builtin
 from reading.cleaning import CLEANING_SWITCHES, clean_frame
 from reading.csvfiles import read_csv
-from reading.tokens import pack_sequences, unpack_sequences
+from reading.tokens import auto_max_length, model_limit, pack_sequences, tokenize_texts, unpack_sequences
 from training.data import TokenizedDataset
 from training.models import load_model, resolve_model, set_dropout
 from training.speed import Throughput
@@ -70,6 +70,15 @@ def load_corpus(preprocess):
     train, test = frames
     names = sorted(set(train["label"]))
     return train["text"].tolist(), [names.index(x) for x in train["label"]], test["text"].tolist()
+
+
+def stage_max_length(tokenizer, source, train_texts, tokenize):
+    """The max_length the tokenize stage sets with the tokenize section `tokenize`: its number, or with auto
+    the one it derives from the train texts' lengths and the model's limit (source: the model's folder)."""
+    if tokenize["max_length"] != "auto":
+        return tokenize["max_length"]
+    lengths = tokenize_texts(tokenizer, train_texts, 512)[1]
+    return auto_max_length(lengths, tokenize["length_percentile"], model_limit(tokenizer, AutoConfig.from_pretrained(source)))
 
 
 def dataset(folder, name, sequences, labels):

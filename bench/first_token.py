@@ -12,13 +12,13 @@ import os
 import time
 
 import torch
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer
 from transformers import logging as hf_logging
 
-from bench.common import REPO, load_average, load_corpus, minilm_model, recipe
+from bench.common import REPO, load_average, load_corpus, minilm_model, recipe, stage_max_length
 from pipeline.settings import load_params
 from predicting.inference import make_collator, predict_logits
-from reading.tokens import auto_max_length, model_limit, tokenize_texts
+from reading.tokens import tokenize_texts
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from stages.train import TRAIN_PARAMS
@@ -41,11 +41,7 @@ def main():
     train_texts, _, texts = load_corpus(load_params("preprocess", PREPROCESS_PARAMS))
     texts = texts[:opts.rows]
     tokenize = load_params("tokenize", TOKENIZE_PARAMS)
-    max_length = tokenize["max_length"]
-    if max_length == "auto":  # from the train texts' lengths, as the tokenize stage sets it
-        lengths = tokenize_texts(tokenizer, train_texts, 512)[1]
-        max_length = auto_max_length(lengths, tokenize["length_percentile"],
-                                     model_limit(tokenizer, AutoConfig.from_pretrained(source)))
+    max_length = stage_max_length(tokenizer, source, train_texts, tokenize)
     sequences, _ = tokenize_texts(tokenizer, texts, max_length)
     model = minilm_model(**recipe(load_params("train", TRAIN_PARAMS)))
     collator = make_collator(tokenizer, "cpu")

@@ -26,10 +26,20 @@ from transformers import TrainerCallback
 from transformers import logging as hf_logging
 from transformers.trainer_callback import PrinterCallback
 
-from bench.common import NO_CHECKPOINTS, QUIET, REPO, dataset, load_average, load_corpus, minilm_model, recipe
+from bench.common import (
+    NO_CHECKPOINTS,
+    QUIET,
+    REPO,
+    dataset,
+    load_average,
+    load_corpus,
+    minilm_model,
+    recipe,
+    stage_max_length,
+)
 from pipeline.settings import load_params
 from predicting.inference import make_collator
-from reading.tokens import auto_max_length, model_limit, tokenize_texts
+from reading.tokens import tokenize_texts
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from stages.train import TRAIN_PARAMS
@@ -181,14 +191,10 @@ def main():
     params = load_params("train", TRAIN_PARAMS)
     tokenize = load_params("tokenize", TOKENIZE_PARAMS)
     source = resolve_model("minilm")
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(source)
     texts, labels, _ = load_corpus(load_params("preprocess", PREPROCESS_PARAMS))
-    max_length = tokenize["max_length"]
-    if max_length == "auto":
-        _, lengths = tokenize_texts(tokenizer, texts, 512)
-        max_length = auto_max_length(lengths, tokenize["length_percentile"],
-                                     model_limit(tokenizer, AutoConfig.from_pretrained(source)))
+    max_length = stage_max_length(tokenizer, source, texts, tokenize)
     sequences, _ = tokenize_texts(tokenizer, texts, max_length)
     print(f"profile on cpu ({cpu_isa()}), {torch.get_num_threads()} torch threads, load average {load_average()}; "
           f"torch {torch.__version__}; max_length {max_length}")
