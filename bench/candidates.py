@@ -4,6 +4,7 @@ real tokens/s. The embedded MiniLM on the embedded tweets at the train stage's s
 
     python -m bench.candidates --threads 1 --steps 16            # all candidates
     python -m bench.candidates --only fp32_attention compile      # some
+    python -m bench.candidates --gpu --only compile cuda_graphs unpadded --model bert-base   # on one GPU
 
 Candidates (each alone, the defaults otherwise):
 - fp32_attention: the attention in fp32 inside bf16 autocast (training/attention.py);
@@ -15,11 +16,19 @@ Candidates (each alone, the defaults otherwise):
 - effective_64: batches of 64 (a larger effective batch: changes the result, for its speed only);
 - unpadded: train.unpadded true (padding-free batches; on a CPU the per-text attention path);
 - full_last_layer: the last layer computes every token, not the first only (training/first_token.py):
-  below 1x by what the defaults gain from it.
+  below 1x by what the defaults gain from it;
+- cuda_graphs: GPU only: torch.compile's "reduce-overhead" mode, which replays each batch shape's kernels
+  as one CUDA graph instead of launching them one by one.
+With --gpu the same on one GPU (in bf16 there, as the train stage trains), at train.effective_batch_size
+unless --effective-batch-size says otherwise; --model bert-base trains a randomly initialised
+bert-base-sized model instead of MiniLM. A candidate that fails prints its error in a line and the
+others run.
 """
 import argparse
 import dataclasses
+import functools
 import os
+import sys
 import tempfile
 import time
 
@@ -33,6 +42,7 @@ from bench.common import (
     REPO,
     dataset,
     free_gpu,
+    gpu_model,
     load_average,
     load_corpus,
     minilm_model,
@@ -52,36 +62,40 @@ from training.batch_size import pick_batch_size
 from training.models import resolve_model
 from training.precision import autocast_dtype, cpu_isa
 
-CANDIDATES = {  # name: (train.* changes, fp32 attention, attn_implementation)
-    "fp32_attention": ({}, True, None),
-    "eager_attention": ({}, False, "eager"),
-    "compile": ({"compile": True}, False, None),
-    "compile_fp32_attention": ({"compile": True}, True, None),
-    "foreach_adamw": ({"fused_adamw": False}, False, None),
-    "micro_batch_16": ({"batch_size": 16}, False, None),
-    "effective_64": ({"batch_size": 64, "effective_batch_size": 64}, False, None),
-    "unpadded": ({"unpadded": True}, False, None),
-    "full_last_layer": ({}, False, None),
+# name: (train.* changes, fp32 attention, attn_implementation, TrainingArguments changes)
+CANDIDATES = {
+    "fp32_attention": ({}, True, None, {}),
+    "eager_attention": ({}, False, "eager", {}),
+    "compile": ({"compile": True}, False, None, {}),
+    "compile_fp32_attention": ({"compile": True}, True, None, {}),
+    "cuda_graphs": ({"compile": True}, False, None, {"torch_compile_mode": "reduce-overhead"}),
+    "foreach_adamw": ({"fused_adamw": False}, False, None, {}),
+    "micro_batch_16": ({"batch_size": 16}, False, None, {}),
+    "effective_64": ({"batch_size": 64, "effective_batch_size": 64}, False, None, {}),
+    "unpadded": ({"unpadded": True}, False, None, {}),
+    "full_last_layer": ({}, False, None, {}),
 }
+GPU_ONLY = {"cuda_graphs"}
 
 
 def train(params, tokenizer, sequences, data, folder, steps, warmup, fp32_attention=False, implementation=None,
-          full_last_layer=False):
-    """Throughput of `steps` steps of the train stage's settings `params` (CPU, no checkpoints)."""
-    model = minilm_model(**recipe(params))
+          full_last_layer=False, device="cpu", make_model=minilm_model, arguments=None):
+    """Throughput of `steps` steps of the train stage's settings `params` (no checkpoints)."""
+    model = make_model(**recipe(params))
     if implementation:
         model.set_attn_implementation(implementation)
     packed = params["unpadded"] and unpadded.supports(model)
     if not full_last_layer:
-        first_token.choose(model, first_token.check_batch(make_collator(tokenizer, "cpu"), sequences), packed)
+        first_token.choose(model, first_token.check_batch(make_collator(tokenizer, device), sequences), packed)
     batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"], params["effective_batch_size"],
-                                             params["mixed_precision"], "cpu")
-    args = dataclasses.replace(training_arguments(params, NO_CHECKPOINTS, folder, "cpu", batch, accumulation),
-                               **QUIET, save_strategy="no")
+                                             params["mixed_precision"], device)
+    args = dataclasses.replace(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation),
+                               **QUIET, save_strategy="no", **(arguments or {}))
     callbacks = [attention.Fp32Attention(model)] if fp32_attention else []
     meter = run_steps(unpadded.UnpaddedClassifier(model) if packed else model, args, data,
-                      unpadded.collate if packed else make_collator(tokenizer, "cpu"), steps,
+                      unpadded.collate if packed else make_collator(tokenizer, device), steps,
                       COMPILE_WARMUP if params["compile"] is True else warmup, callbacks=callbacks)[0]
+    del model
     free_gpu()
     return meter
 
@@ -91,34 +105,55 @@ def main():
     parser.add_argument("--steps", type=int, default=16, help="timed optimizer steps per side")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--only", nargs="+", choices=sorted(CANDIDATES), help="these candidates only")
+    parser.add_argument("--gpu", action="store_true", help="on one GPU")
+    parser.add_argument("--model", choices=["minilm", "bert-base"], default="minilm",
+                        help="the embedded MiniLM, or a randomly initialised bert-base-sized model")
+    parser.add_argument("--effective-batch-size", type=int, help="overrides train.effective_batch_size")
     opts = parser.parse_args()
+    if opts.gpu and not torch.cuda.is_available():
+        sys.exit("--gpu: no CUDA GPU visible to torch")
     hf_logging.disable_progress_bar()
     if opts.threads:
         torch.set_num_threads(opts.threads)
+    device = "cuda" if opts.gpu else "cpu"
     os.chdir(REPO)
     params = load_params("train", TRAIN_PARAMS)
+    if opts.effective_batch_size:
+        params["effective_batch_size"] = opts.effective_batch_size
     tokenize = load_params("tokenize", TOKENIZE_PARAMS)
     source = resolve_model("minilm")
     tokenizer = AutoTokenizer.from_pretrained(source)
+    make_model = functools.partial(gpu_model, len(tokenizer)) if opts.model == "bert-base" else minilm_model
     texts, labels, _ = load_corpus(load_params("preprocess", PREPROCESS_PARAMS))
     max_length = stage_max_length(tokenizer, source, texts, tokenize)
     sequences, _ = tokenize_texts(tokenizer, texts, max_length)
-    dtype = autocast_dtype(params["mixed_precision"], "cpu")
-    print(f"candidates on cpu ({cpu_isa()}), {torch.get_num_threads()} torch threads, load average "
-          f"{load_average()}; torch {torch.__version__}; the defaults train in {dtype or torch.float32}")
+    dtype = autocast_dtype(params["mixed_precision"], device)
+    where = torch.cuda.get_device_name() if opts.gpu else f"cpu ({cpu_isa()}), {torch.get_num_threads()} torch threads"
+    print(f"candidates with {opts.model} on {where}, load average {load_average()}; torch {torch.__version__}; the "
+          f"defaults train in {dtype or torch.float32}, effective batch {params['effective_batch_size']}", flush=True)
+    names = opts.only or [n for n in CANDIDATES if opts.gpu or n not in GPU_ONLY]
     with tempfile.TemporaryDirectory() as folder:
         data = dataset(folder, "train", sequences, labels)
-        for name in opts.only or CANDIDATES:
-            changes, fp32_attention, implementation = CANDIDATES[name]
+        for name in names:
+            changes, fp32_attention, implementation, arguments = CANDIDATES[name]
+            if name in GPU_ONLY and not opts.gpu:
+                print(f"{name}: GPU only (--gpu)")
+                continue
             start = time.perf_counter()
 
             def run(candidate, n):
                 if not candidate:
-                    return train(params, tokenizer, sequences, data, folder, n, 1)
-                return train({**params, **changes}, tokenizer, sequences, data, folder, n, 1,
-                             fp32_attention, implementation, full_last_layer=name == "full_last_layer")
+                    return train(params, tokenizer, sequences, data, folder, n, 1, device=device, make_model=make_model)
+                return train({**params, **changes}, tokenizer, sequences, data, folder, n, 1, fp32_attention,
+                             implementation, name == "full_last_layer", device, make_model, arguments)
 
-            default, changed = side_by_side(run, opts.steps)
+            try:
+                default, changed = side_by_side(run, opts.steps)
+            except Exception as error:  # a measurement that fails says why in a line; the others still run
+                print(f"{name}: failed after {time.perf_counter() - start:.0f} s: {type(error).__name__}: "
+                      f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}", flush=True)
+                free_gpu()
+                continue
             ratio = changed["tokens_per_s"] / default["tokens_per_s"]
             print(f"{name}: {changed['tokens_per_s']:.0f} vs {default['tokens_per_s']:.0f} real tokens/s, "
                   f"{opts.steps} steps each: {ratio:.2f}x ({time.perf_counter() - start:.0f} s, load average "

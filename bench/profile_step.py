@@ -6,6 +6,7 @@ where this CPU's bf16 attention is the slower (training/attention.py).
 
     python -m bench.profile_step                 # both precisions, 10 profiled steps each after 3 untimed
     python -m bench.profile_step --steps 20 --threads 1 --compile   # compiled (train.compile) as a third column
+    python -m bench.profile_step --gpu --model bert-base            # one GPU: the kernels' time, and the GPU's idle time
 
 Prints a table: milliseconds per optimizer step and share of the step for matrix products, attention,
 LayerNorm, GELU, softmax, dropout, dtype casts (autocast's, forward and backward), the embeddings,
@@ -14,10 +15,19 @@ autograd engine's own time, and the rest of the wall time: Python (Trainer, the 
 collating batches) and the dispatch of every operation before its kernel starts. The profiler adds a
 few microseconds to each operation, counted in that last row; the "wall" row is the step time with
 the profiler on, "unprofiled" the same steps timed without it.
+
+With --gpu each row is the GPU time of the kernels that row's operations launched (fp32 and bf16
+columns, at train.effective_batch_size unless --effective-batch-size says otherwise), the casts' row
+includes moving each batch to the GPU, and the last row is the time the GPU ran no kernel: where it
+is most of the step, the step is bound by Python and the launching of kernels, not by the GPU's
+arithmetic (what CUDA graphs and torch.compile remove). --model bert-base profiles a randomly
+initialised bert-base-sized model (12 layers, hidden 768) instead of the embedded MiniLM.
 """
 import argparse
 import dataclasses
+import functools
 import os
+import sys
 import tempfile
 import time
 
@@ -31,11 +41,14 @@ from bench.common import (
     QUIET,
     REPO,
     dataset,
+    free_gpu,
     load_average,
     load_corpus,
     minilm_model,
+    gpu_model,
     recipe,
     stage_max_length,
+    sync,
 )
 from pipeline.settings import load_params
 from predicting.inference import make_collator
@@ -57,7 +70,16 @@ KINDS = [
     ("attention (SDPA kernels)", {"aten::_scaled_dot_product_flash_attention_for_cpu",
                                   "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
                                   "aten::_scaled_dot_product_attention_math",
-                                  "aten::scaled_dot_product_attention"}),
+                                  "aten::scaled_dot_product_attention",
+                                  # a GPU's kernels: flash, memory-efficient, cuDNN
+                                  "aten::_scaled_dot_product_flash_attention",
+                                  "aten::_scaled_dot_product_flash_attention_backward",
+                                  "aten::_flash_attention_forward", "aten::_flash_attention_backward",
+                                  "aten::_scaled_dot_product_efficient_attention",
+                                  "aten::_scaled_dot_product_efficient_attention_backward",
+                                  "aten::_efficient_attention_forward", "aten::_efficient_attention_backward",
+                                  "aten::_scaled_dot_product_cudnn_attention",
+                                  "aten::_scaled_dot_product_cudnn_attention_backward"}),
     ("LayerNorm", {"aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::layer_norm"}),
     ("GELU", {"aten::gelu", "aten::gelu_backward"}),
     ("softmax", {"aten::_softmax", "aten::_softmax_backward_data", "aten::softmax"}),
@@ -71,6 +93,7 @@ OPTIMIZER = "optimizer (AdamW, clipping, zero_grad)"
 ELEMENTWISE = "other elementwise and reductions"
 AUTOGRAD = "autograd engine"
 REST = "Python, Trainer, dispatch (wall - ops)"
+GPU_IDLE = "GPU idle: no kernel running (wall - kernels)"  # REST's row on a GPU
 ROWS = [name for name, _ in KINDS] + [ELEMENTWISE, OPTIMIZER, AUTOGRAD, REST]
 
 
@@ -94,73 +117,99 @@ def kind_of(event):
     return ELEMENTWISE
 
 
-def top_operations(events, steps, n):
+def own_ms(event, gpu):
+    """One CPU-side operation's own time in ms: its CPU time; on a GPU, that of the kernels it launched itself."""
+    return (event.self_device_time_total if gpu else event.self_cpu_time_total) / 1e3  # microseconds -> ms
+
+
+def operations(events):
+    return [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+
+
+def top_operations(events, steps, n, gpu=False):
     """Lines naming the n operations of most own time per step, with the row each counts in."""
     own = {}
-    for event in events:
-        if event.device_type == torch.autograd.DeviceType.CPU:
-            key = (event.name, kind_of(event))
-            own[key] = own.get(key, 0.0) + event.self_cpu_time_total / 1e3 / steps
+    for event in operations(events):
+        key = (event.name, kind_of(event))
+        own[key] = own.get(key, 0.0) + own_ms(event, gpu) / steps
     return [f"  {ms:8.1f} ms  {name}  [{kind}]" for (name, kind), ms in sorted(own.items(), key=lambda x: -x[1])[:n]]
 
 
-def breakdown(events, wall_s, steps):
-    """{row: milliseconds per optimizer step} from the profiler's events over `steps` steps of wall_s."""
+def breakdown(events, wall_s, steps, gpu=False):
+    """{row: milliseconds per optimizer step} from the profiler's events over `steps` steps of wall_s. On a
+    GPU the rows are kernel time and REST the time no kernel ran (kernels run one at a time, on one stream)."""
     totals = dict.fromkeys(ROWS, 0.0)
-    for event in events:
-        if event.device_type == torch.autograd.DeviceType.CPU:
-            totals[kind_of(event)] += event.self_cpu_time_total / 1e3  # microseconds -> ms
+    for event in operations(events):
+        totals[kind_of(event)] += own_ms(event, gpu)
     totals[REST] = max(0.0, wall_s * 1e3 - sum(totals.values()))
     return {row: ms / steps for row, ms in totals.items()}
 
 
+def launches(events, steps):
+    """(CPU ms per step of the operations themselves, GPU kernels and copies launched per step)."""
+    ops = operations(events)
+    return (sum(e.self_cpu_time_total for e in ops) / 1e3 / steps,
+            sum(len(e.kernels) for e in ops) / steps)
+
+
 class ProfileSteps(TrainerCallback):
     """Profiles optimizer steps warmup+1 .. warmup+steps; times the same number of steps unprofiled
-    before them (after the warm-up), so both clocks see the same kind of batches."""
+    before them (after the warm-up), so both clocks see the same kind of batches. On a GPU the clock
+    waits for the GPU's queued kernels at each end, and the profiler records the kernels too."""
 
-    def __init__(self, warmup, steps):
+    def __init__(self, warmup, steps, gpu=False):
         self.warmup, self.steps = warmup, steps
+        self.activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if gpu else [])
         self.profiler = self.start = None
         self.unprofiled_s = self.wall_s = 0.0
 
     def on_step_begin(self, args, state, control, **kwargs):
         if state.global_step == self.warmup:
+            sync()
             self.start = time.perf_counter()
         elif state.global_step == self.warmup + self.steps:
+            sync()
             self.unprofiled_s = time.perf_counter() - self.start
-            self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self.profiler = torch.profiler.profile(activities=self.activities)
             self.profiler.__enter__()
             self.start = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.warmup + 2 * self.steps:
+            sync()
             self.wall_s = time.perf_counter() - self.start
             self.profiler.__exit__(None, None, None)
             control.should_training_stop = True
 
 
-def profile(params, sequences, labels, tokenizer, folder, bf16, compiled, warmup, steps, top=0, fp32_attention=False):
-    """(ms per step by row, unprofiled ms per step, batch) of the train stage's settings in bf16 or fp32."""
-    model = minilm_model(**recipe(params))
-    first_token.choose(model, first_token.check_batch(make_collator(tokenizer, "cpu"), sequences))  # as the stage trains
+def profile(params, sequences, labels, tokenizer, folder, bf16, compiled, warmup, steps, top=0, fp32_attention=False,
+            device="cpu", make_model=minilm_model):
+    """(ms per step by row, unprofiled ms per step, batch, top operations, (CPU ms of the operations per step,
+    kernels per step)) of the train stage's settings in bf16 or fp32."""
+    gpu = device == "cuda"
+    model = make_model(**recipe(params))
+    collator = make_collator(tokenizer, device)
+    first_token.choose(model, first_token.check_batch(collator, sequences))  # as the stage trains
     batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"],
-                                             params["effective_batch_size"], bf16, "cpu")
+                                             params["effective_batch_size"], bf16, device)
     args = dataclasses.replace(training_arguments({**params, "mixed_precision": False, "compile": compiled},
-                                                  NO_CHECKPOINTS, folder, "cpu", batch, accumulation),
+                                                  NO_CHECKPOINTS, folder, device, batch, accumulation),
                                **QUIET, save_strategy="no", bf16=bf16, max_steps=warmup + 2 * steps + 1)
-    callback = ProfileSteps(warmup, steps)
+    callback = ProfileSteps(warmup, steps, gpu)
     switch = [attention.Fp32Attention(model)] if fp32_attention else []
     trainer = CountingTrainer(model=model, args=args, train_dataset=dataset(folder, "train", sequences, labels),
-                              data_collator=make_collator(tokenizer, "cpu"), throughput=Throughput(),
-                              callbacks=[*switch, callback])
+                              data_collator=collator, throughput=Throughput(), callbacks=[*switch, callback])
     trainer.remove_callback(PrinterCallback)
     trainer.train()
     events = callback.profiler.events()
-    return (breakdown(events, callback.wall_s, steps), callback.unprofiled_s * 1e3 / steps, (batch, accumulation),
-            top_operations(events, steps, top))
+    result = (breakdown(events, callback.wall_s, steps, gpu), callback.unprofiled_s * 1e3 / steps,
+              (batch, accumulation), top_operations(events, steps, top, gpu), launches(events, steps))
+    del trainer, model
+    free_gpu()
+    return result
 
 
-def table(columns):
+def table(columns, gpu=False):
     """Markdown table: a row per kind of work, per column its ms per step and share of the step."""
     names = list(columns)
     lines = ["| work | " + " | ".join(f"{n} ms/step | {n} share" for n in names) + " |",
@@ -170,7 +219,8 @@ def table(columns):
         for n in names:
             ms, total = columns[n][0][row], sum(columns[n][0].values())
             cells += [f"{ms:.1f}", f"{ms / total:.0%}"]
-        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+        label = GPU_IDLE if gpu and row == REST else row
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("| wall, profiled | " + " | ".join(f"{sum(columns[n][0].values()):.1f} | 100%" for n in names) + " |")
     lines.append("| wall, unprofiled | " + " | ".join(f"{columns[n][1]:.1f} | " for n in names) + " |")
     return "\n".join(lines)
@@ -183,33 +233,50 @@ def main():
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--top", type=int, default=0, help="also list each run's N operations of most own time")
     parser.add_argument("--compile", action="store_true", help="add a column: bf16 compiled (train.compile)")
+    parser.add_argument("--gpu", action="store_true", help="profile on one GPU: the kernels' time and the GPU's idle time")
+    parser.add_argument("--model", choices=["minilm", "bert-base"], default="minilm",
+                        help="the embedded MiniLM, or a randomly initialised bert-base-sized model")
+    parser.add_argument("--effective-batch-size", type=int, help="overrides train.effective_batch_size")
     opts = parser.parse_args()
+    if opts.gpu and not torch.cuda.is_available():
+        sys.exit("--gpu: no CUDA GPU visible to torch")
     hf_logging.disable_progress_bar()
     if opts.threads:
         torch.set_num_threads(opts.threads)
+    device = "cuda" if opts.gpu else "cpu"
     os.chdir(REPO)
     params = load_params("train", TRAIN_PARAMS)
+    if opts.effective_batch_size:
+        params["effective_batch_size"] = opts.effective_batch_size
     tokenize = load_params("tokenize", TOKENIZE_PARAMS)
     source = resolve_model("minilm")
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(source)
+    make_model = functools.partial(gpu_model, len(tokenizer)) if opts.model == "bert-base" else minilm_model
     texts, labels, _ = load_corpus(load_params("preprocess", PREPROCESS_PARAMS))
     max_length = stage_max_length(tokenizer, source, texts, tokenize)
     sequences, _ = tokenize_texts(tokenizer, texts, max_length)
-    print(f"profile on cpu ({cpu_isa()}), {torch.get_num_threads()} torch threads, load average {load_average()}; "
-          f"torch {torch.__version__}; max_length {max_length}")
-    # (column, bf16, compiled, attention in fp32): "bf16" is the defaults before training/attention.py
-    runs = [("fp32", False, False, False), ("bf16", True, False, False), ("bf16 fp32-attention", True, False, True)]
+    where = (f"{torch.cuda.get_device_name()} (train.tf32 {params['tf32']})" if opts.gpu else
+             f"cpu ({cpu_isa()}), {torch.get_num_threads()} torch threads")
+    print(f"profile of {opts.model} on {where}, load average {load_average()}; torch {torch.__version__}; "
+          f"max_length {max_length}, effective batch {params['effective_batch_size']}")
+    # (column, bf16, compiled, attention in fp32): "bf16" is the defaults before training/attention.py,
+    # which changes nothing on a GPU
+    runs = [("fp32", False, False, False), ("bf16", True, False, False)]
+    runs += [] if opts.gpu else [("bf16 fp32-attention", True, False, True)]
     runs += [("bf16 compiled", True, True, False)] if opts.compile else []
     columns = {}
     with tempfile.TemporaryDirectory() as folder:
         for name, bf16, compiled, fp32_attention in runs:
             warmup = max(opts.warmup, 10) if compiled else opts.warmup
-            by_row, unprofiled, batch, top = profile(params, sequences, labels, tokenizer, folder, bf16, compiled,
-                                                     warmup, opts.steps, opts.top, fp32_attention)
+            by_row, unprofiled, batch, top, (cpu_ms, kernels) = profile(
+                params, sequences, labels, tokenizer, folder, bf16, compiled, warmup, opts.steps, opts.top,
+                fp32_attention, device, make_model)
             columns[name] = (by_row, unprofiled)
-            print(f"{name}: batch {batch[0]} x {batch[1]}, {unprofiled:.1f} ms per step unprofiled", *top, sep="\n")
-    print(table(columns))
+            launched = f"; the operations' own CPU time {cpu_ms:.1f} ms, {kernels:.0f} kernels per step" if opts.gpu else ""
+            print(f"{name}: batch {batch[0]} x {batch[1]}, {unprofiled:.1f} ms per step unprofiled{launched}", *top,
+                  sep="\n", flush=True)
+    print(table(columns, opts.gpu))
     print(f"load average at the end: {load_average()}")
 
 

@@ -378,3 +378,46 @@ def test_compiled_bf16_training_reaches_the_eager_weights_within_bf16s_own_round
     print(f"after {steps} steps, relative to the eager bf16 update: compiled vs eager bf16 {compiling:.3f}, "
           f"eager bf16 vs fp32 {precision:.3f}")
     assert compiling <= precision  # measured: 0.001 against 0.081
+
+
+def test_the_gpu_profile_counts_each_operations_kernels_in_its_row_and_the_rest_as_idle():
+    """bench.profile_step --gpu on hand-made profiler events of 2 steps: each row holds the GPU time of the
+    kernels its operations launched themselves (not their callers' or their own CPU time), the last row the
+    wall time no kernel ran."""
+    from types import SimpleNamespace
+
+    from bench import profile_step as ps
+
+    def op(name, parent=None, cpu_us=50.0, gpu_us=0.0, kernels=0):
+        return SimpleNamespace(name=name, cpu_parent=parent, device_type=torch.autograd.DeviceType.CPU,
+                               self_cpu_time_total=cpu_us, self_device_time_total=gpu_us, kernels=[None] * kernels)
+
+    backward = op("autograd::engine::evaluate_function: MmBackward0")
+    step = op("Optimizer.step#AdamW.step")
+    to = op("aten::to")
+    events = [
+        op("aten::addmm", gpu_us=3000.0, kernels=2),
+        op("aten::mm", backward, gpu_us=5000.0, kernels=2),
+        backward,
+        op("aten::_flash_attention_backward", gpu_us=1000.0, kernels=1),
+        op("aten::_fused_adamw_", step, gpu_us=400.0, kernels=1),
+        step,
+        op("aten::copy_", to, gpu_us=200.0, kernels=1),  # a batch moved to the GPU, or an autocast cast
+        to,
+        op("aten::add_", gpu_us=400.0, kernels=1),
+        SimpleNamespace(name="sm90_xmma_gemm", cpu_parent=None, device_type=torch.autograd.DeviceType.CUDA,
+                        self_cpu_time_total=0.0, self_device_time_total=3000.0, kernels=[]),  # counted by its op
+    ]
+    rows = ps.breakdown(events, wall_s=0.020, steps=2, gpu=True)  # 20 ms for 2 steps, 10 ms of kernels
+    assert rows["matrix products (mm, addmm, bmm)"] == pytest.approx(4.0)
+    assert rows["attention (SDPA kernels)"] == pytest.approx(0.5)
+    assert rows["optimizer (AdamW, clipping, zero_grad)"] == pytest.approx(0.2)
+    assert rows["dtype casts (autocast)"] == pytest.approx(0.1)
+    assert rows["other elementwise and reductions"] == pytest.approx(0.2)
+    assert rows[ps.REST] == pytest.approx(5.0)  # 10 ms per step of wall, 5 of kernels
+    assert sum(rows.values()) == pytest.approx(10.0)
+    assert ps.launches(events, steps=2) == (pytest.approx(0.225), 4.0)  # 9 ops x 50 us; 8 kernels
+    cpu_rows = ps.breakdown(events, wall_s=0.020, steps=2)  # the same events on a CPU: their own CPU time
+    assert cpu_rows["matrix products (mm, addmm, bmm)"] == pytest.approx(0.05)
+    assert cpu_rows[ps.REST] == pytest.approx(10.0 - 0.225)
+    assert ps.GPU_IDLE in ps.table({"bf16": (rows, 11.0)}, gpu=True)
