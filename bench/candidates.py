@@ -56,7 +56,7 @@ from reading.tokens import tokenize_texts
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from stages.train import TRAIN_PARAMS
-from training import attention, first_token, unpadded
+from training import attention, compiling, first_token, unpadded
 from training.arguments import training_arguments
 from training.batch_size import pick_batch_size
 from training.models import resolve_model
@@ -91,7 +91,8 @@ def train(params, tokenizer, sequences, data, folder, steps, warmup, fp32_attent
                                              params["mixed_precision"], device)
     args = dataclasses.replace(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation),
                                **QUIET, save_strategy="no", **(arguments or {}))
-    callbacks = [attention.Fp32Attention(model)] if fp32_attention else []
+    callbacks = ([attention.Fp32Attention(model)] if fp32_attention else []) + \
+        ([compiling.EveryShapeAtOnce()] if params["compile"] is True else [])  # as the stage compiles
     meter = run_steps(unpadded.UnpaddedClassifier(model) if packed else model, args, data,
                       unpadded.collate if packed else make_collator(tokenizer, device), steps,
                       COMPILE_WARMUP if params["compile"] is True else warmup, callbacks=callbacks)[0]

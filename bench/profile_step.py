@@ -56,7 +56,7 @@ from reading.tokens import tokenize_texts
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from stages.train import TRAIN_PARAMS
-from training import attention, first_token
+from training import attention, compiling, first_token
 from training.arguments import training_arguments
 from training.batch_size import pick_batch_size
 from training.models import resolve_model
@@ -196,7 +196,8 @@ def profile(params, sequences, labels, tokenizer, folder, bf16, compiled, warmup
                                                   NO_CHECKPOINTS, folder, device, batch, accumulation),
                                **QUIET, save_strategy="no", bf16=bf16, max_steps=warmup + 2 * steps + 1)
     callback = ProfileSteps(warmup, steps, gpu)
-    switch = [attention.Fp32Attention(model)] if fp32_attention else []
+    switch = ([attention.Fp32Attention(model)] if fp32_attention else []) + \
+        ([compiling.EveryShapeAtOnce()] if compiled else [])  # as the stage compiles
     trainer = CountingTrainer(model=model, args=args, train_dataset=dataset(folder, "train", sequences, labels),
                               data_collator=collator, throughput=Throughput(), callbacks=[*switch, callback])
     trainer.remove_callback(PrinterCallback)

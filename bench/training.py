@@ -25,7 +25,7 @@ from bench.common import (
 )
 from bench.flops import PeakSampler
 from predicting.inference import make_collator
-from training import attention, first_token, unpadded
+from training import attention, compiling, first_token, unpadded
 from training.arguments import training_arguments
 from training.batch_size import pick_batch_size
 from training.precision import autocast_dtype, cpu_bf16_speedup
@@ -38,11 +38,13 @@ def stage_callbacks(model, args, tokenizer, sequences):
     """What the train stage does to the model for these settings that changes its speed: its last layer
     computes the first token only where that gives its own logits (training/first_token.py, checked on a
     few of `sequences`); and the callbacks it adds: attention in fp32 inside bf16 autocast where this
-    CPU's bf16 attention is slower (training/attention.py)."""
+    CPU's bf16 attention is slower (training/attention.py), one compiled graph for every batch shape
+    (training/compiling.py)."""
     device = "cpu" if args.use_cpu else "cuda"
     first_token.choose(model, first_token.check_batch(make_collator(tokenizer, device), sequences))
     fp32_attention, _ = attention.choose(model, device, torch.bfloat16 if args.bf16 else None, packed=False)
-    return [attention.Fp32Attention(model)] if fp32_attention else []
+    return ([attention.Fp32Attention(model)] if fp32_attention else []) + \
+        ([compiling.EveryShapeAtOnce()] if args.torch_compile else [])
 
 
 def run_steps(model, args, train_set, collator, steps, warmup, measure_peak=None, callbacks=()):
@@ -160,7 +162,7 @@ def bench_recipe(make_model, tokenizer, sequences, labels, params, device, steps
 def bench_compile(tokenizer, sequences, labels, params, device, steps, warmup):
     """(throughput summary eager, compiled (train.compile), seconds of the compiled side's warm-up
     steps, compiling included) of the embedded MiniLM at the train stage's settings, side by side."""
-    compiling = []
+    compile_seconds = []
     with tempfile.TemporaryDirectory() as folder:
         data = dataset(folder, "train", sequences, labels)
 
@@ -171,11 +173,11 @@ def bench_compile(tokenizer, sequences, labels, params, device, steps, warmup):
             meter = train_as_the_stage(model, {**params, "compile": compiled}, tokenizer, sequences, data, folder,
                                        device, n, COMPILE_WARMUP if compiled else warmup)
             if compiled:
-                compiling.append(time.perf_counter() - start - meter.seconds)
+                compile_seconds.append(time.perf_counter() - start - meter.seconds)
             return meter
 
         eager, compiled = side_by_side(run, steps)
-    return eager, compiled, compiling[0]
+    return eager, compiled, compile_seconds[0]
 
 
 def report_training(ours, baseline, run, max_length, precision, steps, baseline_steps, params):

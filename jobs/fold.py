@@ -175,6 +175,8 @@ def train(job, rows, params, machine, task_metric, tokenized_settings):
     if compile_note:
         say(compile_note)
     callbacks = ([LiveCallback(live=live)] if live else []) + ([attention.Fp32Attention(model)] if fp32_attention else [])
+    if compiled:
+        callbacks.append(compiling.EveryShapeAtOnce())
     if params["evaluations"] != "epoch" and val_set:
         callbacks.append(pruning.EvaluateEvenly(params["evaluations"]))
     keep = None  # train.keep_best, train.patience

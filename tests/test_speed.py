@@ -421,3 +421,32 @@ def test_the_gpu_profile_counts_each_operations_kernels_in_its_row_and_the_rest_
     assert cpu_rows["matrix products (mm, addmm, bmm)"] == pytest.approx(0.05)
     assert cpu_rows[ps.REST] == pytest.approx(10.0 - 0.225)
     assert ps.GPU_IDLE in ps.table({"bf16": (rows, 11.0)}, gpu=True)
+
+
+@pytest.mark.parametrize("every_shape_at_once, compilings", [(False, 3), (True, 1)])
+def test_compiled_training_traces_one_graph_for_every_batch_shape(tiny_model_dir, tokenizer, tmp_path,
+                                                                   every_shape_at_once, compilings):
+    """23 texts of 1 to 23 words in order, in batches of 8 (the last of 7) padded to 10, 18 and 25 tokens: by
+    default torch.compile traces the first batch's exact shape, again for the second batch's length, and
+    again for the short last batch: 3 tracings of the model. With compiling.EveryShapeAtOnce, as the train stage compiles,
+    one. Counted by Dynamo's own count of the graphs it made, with its "eager" backend (no Inductor: the
+    tracing is what is counted)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    torch.manual_seed(0)
+    # problem_type set, as the train stage loads a model: else the first forward sets it, which recompiles
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=3,
+                                                               problem_type="single_label_classification")
+    texts = [" ".join((WORDS * 2)[: 1 + i]) for i in range(23)]
+    data = [{"input_ids": ids, "labels": i % 3} for i, ids in enumerate(tokenizer(texts)["input_ids"])]
+    assert [len(data[i]["input_ids"]) for i in (7, 15, 22)] == [10, 18, 25]  # each batch's longest
+    args = dataclasses.replace(training_arguments(train_params(compile=True), MACHINE, str(tmp_path), "cpu", 8, 1),
+                               torch_compile_backend="eager", num_train_epochs=1, max_steps=-1, save_strategy="no",
+                               logging_strategy="no", eval_strategy="no", train_sampling_strategy="sequential")
+    callbacks = [compiling.EveryShapeAtOnce()] if every_shape_at_once else []
+    CountingTrainer(model=model, args=args, train_dataset=data, data_collator=make_collator(tokenizer, "cpu"),
+                    throughput=Throughput(), callbacks=callbacks).train()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()  # other tests' models are not compiled
+    assert graphs == compilings
+    assert torch._dynamo.config.assume_static_by_default  # put back when training ends
