@@ -6,7 +6,7 @@ where this CPU's bf16 attention is the slower (training/attention.py).
 
     python -m bench.profile_step                 # both precisions, 10 profiled steps each after 3 untimed
     python -m bench.profile_step --steps 20 --threads 1 --compile   # compiled (train.compile) as a third column
-    python -m bench.profile_step --gpu --model bert-base            # one GPU: the kernels' time, and the GPU's idle time
+    python -m bench.profile_step --gpu --model bert-base            # one GPU: kernel time, and GPU idle time
 
 Prints a table: milliseconds per optimizer step and share of the step for matrix products, attention,
 LayerNorm, GELU, softmax, dropout, dtype casts (autocast's, forward and backward), the embeddings,
@@ -159,7 +159,8 @@ class ProfileSteps(TrainerCallback):
 
     def __init__(self, warmup, steps, gpu=False):
         self.warmup, self.steps = warmup, steps
-        self.activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if gpu else [])
+        kinds = torch.profiler.ProfilerActivity
+        self.activities = [kinds.CPU] + ([kinds.CUDA] if gpu else [])
         self.profiler = self.start = None
         self.unprofiled_s = self.wall_s = 0.0
 
@@ -234,7 +235,8 @@ def main():
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--top", type=int, default=0, help="also list each run's N operations of most own time")
     parser.add_argument("--compile", action="store_true", help="add a column: bf16 compiled (train.compile)")
-    parser.add_argument("--gpu", action="store_true", help="profile on one GPU: the kernels' time and the GPU's idle time")
+    parser.add_argument("--gpu", action="store_true",
+                        help="profile on one GPU: the kernels' time and the GPU's idle time")
     parser.add_argument("--model", choices=["minilm", "bert-base"], default="minilm",
                         help="the embedded MiniLM, or a randomly initialised bert-base-sized model")
     parser.add_argument("--effective-batch-size", type=int, help="overrides train.effective_batch_size")
@@ -274,7 +276,8 @@ def main():
                 params, sequences, labels, tokenizer, folder, bf16, compiled, warmup, opts.steps, opts.top,
                 fp32_attention, device, make_model)
             columns[name] = (by_row, unprofiled)
-            launched = f"; the operations' own CPU time {cpu_ms:.1f} ms, {kernels:.0f} kernels per step" if opts.gpu else ""
+            launched = (f"; the operations' own CPU time {cpu_ms:.1f} ms, {kernels:.0f} kernels per step"
+                        if opts.gpu else "")
             print(f"{name}: batch {batch[0]} x {batch[1]}, {unprofiled:.1f} ms per step unprofiled{launched}", *top,
                   sep="\n", flush=True)
     print(table(columns, opts.gpu))

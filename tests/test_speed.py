@@ -428,8 +428,8 @@ def test_compiled_training_traces_one_graph_for_every_batch_shape(tiny_model_dir
                                                                    every_shape_at_once, compilings):
     """23 texts of 1 to 23 words in order, in batches of 8 (the last of 7) padded to 10, 18 and 25 tokens: by
     default torch.compile traces the first batch's exact shape, again for the second batch's length, and
-    again for the short last batch: 3 tracings of the model. With compiling.EveryShapeAtOnce, as the train stage compiles,
-    one. Counted by Dynamo's own count of the graphs it made, with its "eager" backend (no Inductor: the
+    again for the short last batch: 3 tracings of the model. With compiling.EveryShapeAtOnce, as the train
+    stage compiles, one. Counted by Dynamo's own count of the graphs it made, with its "eager" backend (no Inductor: the
     tracing is what is counted)."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()

@@ -437,3 +437,30 @@ def test_a_wrong_password_or_no_server_is_one_line_without_the_password(tmp_path
         assert len(lines) == 1 and lines[0].startswith("error: tune storage postgresql") and reason in lines[0], lines
         assert password not in result.stdout + result.stderr
     assert not list((repo / "tuning").glob("s/trial-*"))
+
+
+def test_two_workers_starting_together_never_draw_the_same_params_and_a_rerun_draws_the_same(tmp_path):
+    """Two workers on one study, each with its own sampler of the same tune.seed, asking in turns as they
+    would starting together: seeded once each (TPESampler(seed=42), as before), their first random trials
+    drew the same x; seeded per trial (tune.sampling.SeededPerTrial), every trial draws its own. The same
+    study run again, alone, draws what the two workers drew, trial for trial."""
+    import optuna
+
+    from tune.sampling import SeededPerTrial
+
+    def draws(make_sampler, workers, name):
+        storage = f"sqlite:///{tmp_path / name}.db"
+        optuna.create_study(study_name=name, storage=storage)
+        studies = [optuna.load_study(study_name=name, storage=storage, sampler=make_sampler()) for _ in range(workers)]
+        xs = {}
+        for turn in range(6):  # each asks before any trial is told: all are running at once
+            trial = studies[turn % workers].ask()
+            xs[trial.number] = trial.suggest_float("x", 0, 1)
+        return [xs[n] for n in sorted(xs)]
+
+    options = dict(constant_liar=True, n_startup_trials=4)
+    seeded_once = draws(lambda: optuna.samplers.TPESampler(seed=42, **options), 2, "once")
+    assert seeded_once[0] == seeded_once[1]  # the bug: both workers' first trial, the same params
+    per_trial = draws(lambda: SeededPerTrial(42, **options), 2, "per-trial")
+    assert len(set(per_trial)) == 6
+    assert draws(lambda: SeededPerTrial(42, **options), 1, "alone") == per_trial

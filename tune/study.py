@@ -68,12 +68,13 @@ def create_study(storage, settings, metric, pruner, by, fold_count):
     what it was created with)."""
     import optuna
 
+    from tune.sampling import SeededPerTrial
+
     name = settings["study"]
-    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
-    trials_so_far = existing[name].n_trials if name in existing else 0
-    # reseeded by the number of trials so far, so that a resumed study's suggestions are reproducible too
-    sampler = optuna.samplers.TPESampler(seed=settings["seed"] + trials_so_far, constant_liar=True,
-                                         n_startup_trials=min(10, max(2, settings["trials"] // 3)))
+    # each trial's draws seeded by its number: workers sharing the study never draw alike, and a resumed
+    # study's suggestions are reproducible too
+    sampler = SeededPerTrial(settings["seed"], constant_liar=True,
+                             n_startup_trials=min(10, max(2, settings["trials"] // 3)))
     options = dict(study_name=name, storage=storage, sampler=sampler, pruner=make_pruner(pruner, settings["pruner_startup"]))
     try:  # only one of several workers starting a new study at once creates it (the database decides)
         study = optuna.create_study(**options, direction=settings["direction"])
