@@ -11,12 +11,13 @@
 #                   last layer, each against the defaults side by side (MiniLM, the default batch)
 #   repro           the default `dvc repro` (its log holds the train stage's choices and speed)
 #   benchmark       python -m bench.benchmark --gpu --compile
-# Logs go to $OUT (the device tool's folder), else ./gpu-speed-logs; the deadline is
+# Logs go to $OUT (the device tool's folder), else a new folder under /tmp (its path printed); the deadline is
 # GPU_SPEED_SECONDS (default 570: under the device tool's 600 s per command).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-gpu-speed-logs}"
+out="${OUT:-$(mktemp -d /tmp/gpu-speed.XXXXXX)}"  # not in the tree, where git would pick the logs up
 mkdir -p "$out"
+echo "logs: $out"
 deadline=$(( $(date +%s) + ${GPU_SPEED_SECONDS:-570} ))
 [ -f .gpu/setup.sh ] && . .gpu/setup.sh >"$out/setup.log" 2>&1
 nvidia-smi >"$out/nvidia-smi.log" 2>&1
