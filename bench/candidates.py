@@ -6,11 +6,14 @@ real tokens/s. The embedded MiniLM on the embedded tweets at the train stage's s
     python -m bench.candidates --only fp32_attention compile      # some
     python -m bench.candidates --gpu --only compile cuda_graphs unpadded --model bert-base   # on one GPU
 
-Candidates (each alone, the defaults otherwise):
-- fp32_attention: the attention in fp32 inside bf16 autocast (training/attention.py);
-- eager_attention: transformers' eager attention (matmuls and softmax) instead of SDPA's CPU kernel;
+The defaults side trains as the train stage does on this machine, its attention in fp32 where this CPU's
+bf16 attention is the slower (training/attention.py). Candidates (each alone, the defaults otherwise):
+- fp32_attention: the attention in fp32 inside bf16 autocast, wherever the stage would put it;
+- bf16_attention: SDPA's kernel in the training precision, wherever the stage would put it in fp32;
+- eager_attention: transformers' eager attention (matmuls and softmax in the autocast precision) instead
+  of SDPA's CPU kernel;
 - compile: train.compile true (torch.compile, Inductor), untimed warm-up steps include the compiling;
-- compile_fp32_attention: both;
+- compile_fp32_attention: compiled, the attention in fp32;
 - foreach_adamw: train.fused_adamw false (transformers' adamw_torch) against the fused kernel;
 - micro_batch_16: batches of 16, accumulated twice (the same effective batch of 32);
 - effective_64: batches of 64 (a larger effective batch: changes the result, for its speed only);
@@ -62,25 +65,28 @@ from training.batch_size import pick_batch_size
 from training.models import resolve_model
 from training.precision import autocast_dtype, cpu_isa
 
-# name: (train.* changes, fp32 attention, attn_implementation, TrainingArguments changes)
+# name: (train.* changes, fp32 attention (None: the train stage's choice here), attn_implementation,
+# TrainingArguments changes)
 CANDIDATES = {
     "fp32_attention": ({}, True, None, {}),
+    "bf16_attention": ({}, False, None, {}),
     "eager_attention": ({}, False, "eager", {}),
-    "compile": ({"compile": True}, False, None, {}),
+    "compile": ({"compile": True}, None, None, {}),
     "compile_fp32_attention": ({"compile": True}, True, None, {}),
-    "cuda_graphs": ({"compile": True}, False, None, {"torch_compile_mode": "reduce-overhead"}),
-    "foreach_adamw": ({"fused_adamw": False}, False, None, {}),
-    "micro_batch_16": ({"batch_size": 16}, False, None, {}),
-    "effective_64": ({"batch_size": 64, "effective_batch_size": 64}, False, None, {}),
-    "unpadded": ({"unpadded": True}, False, None, {}),
-    "full_last_layer": ({}, False, None, {}),
+    "cuda_graphs": ({"compile": True}, None, None, {"torch_compile_mode": "reduce-overhead"}),
+    "foreach_adamw": ({"fused_adamw": False}, None, None, {}),
+    "micro_batch_16": ({"batch_size": 16}, None, None, {}),
+    "effective_64": ({"batch_size": 64, "effective_batch_size": 64}, None, None, {}),
+    "unpadded": ({"unpadded": True}, None, None, {}),
+    "full_last_layer": ({}, None, None, {}),
 }
 GPU_ONLY = {"cuda_graphs"}
 
 
-def train(params, tokenizer, sequences, data, folder, steps, warmup, fp32_attention=False, implementation=None,
+def train(params, tokenizer, sequences, data, folder, steps, warmup, fp32_attention=None, implementation=None,
           full_last_layer=False, device="cpu", make_model=minilm_model, arguments=None):
-    """Throughput of `steps` steps of the train stage's settings `params` (no checkpoints)."""
+    """Throughput of `steps` steps of the train stage's settings `params` (no checkpoints); the attention
+    in fp32 where fp32_attention is true, as the train stage chooses where it is None."""
     model = make_model(**recipe(params))
     if implementation:
         model.set_attn_implementation(implementation)
@@ -89,6 +95,8 @@ def train(params, tokenizer, sequences, data, folder, steps, warmup, fp32_attent
         first_token.choose(model, first_token.check_batch(make_collator(tokenizer, device), sequences), packed)
     batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"], params["effective_batch_size"],
                                              params["mixed_precision"], device)
+    if fp32_attention is None:
+        fp32_attention, _ = attention.choose(model, device, autocast_dtype(params["mixed_precision"], device), packed)
     args = dataclasses.replace(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation),
                                **QUIET, save_strategy="no", **(arguments or {}))
     callbacks = ([attention.Fp32Attention(model)] if fp32_attention else []) + \
@@ -130,8 +138,11 @@ def main():
     sequences, _ = tokenize_texts(tokenizer, texts, max_length)
     dtype = autocast_dtype(params["mixed_precision"], device)
     where = torch.cuda.get_device_name() if opts.gpu else f"cpu ({cpu_isa()}), {torch.get_num_threads()} torch threads"
+    measured = attention.bf16_attention_speedup() if device == "cpu" and dtype == torch.bfloat16 else None
+    in_fp32 = attention.attention_in_fp32(device, dtype, "sdpa", measured)
     print(f"candidates with {opts.model} on {where}, load average {load_average()}; torch {torch.__version__}; the "
-          f"defaults train in {dtype or torch.float32}, effective batch {params['effective_batch_size']}", flush=True)
+          f"defaults train in {dtype or torch.float32}{', attention in fp32' if in_fp32 else ''}, effective batch "
+          f"{params['effective_batch_size']}", flush=True)
     names = opts.only or [n for n in CANDIDATES if opts.gpu or n not in GPU_ONLY]
     with tempfile.TemporaryDirectory() as folder:
         data = dataset(folder, "train", sequences, labels)
