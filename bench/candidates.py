@@ -8,6 +8,7 @@ real tokens/s. The embedded MiniLM on the embedded tweets at the train stage's s
 
 The defaults side trains as the train stage does on this machine, its attention in fp32 where this CPU's
 bf16 attention is the slower (training/attention.py). Candidates (each alone, the defaults otherwise):
+- fp32: train.mixed_precision false (below 1x by what mixed precision gains here);
 - fp32_attention: the attention in fp32 inside bf16 autocast, wherever the stage would put it;
 - bf16_attention: SDPA's kernel in the training precision, wherever the stage would put it in fp32;
 - eager_attention: transformers' eager attention (matmuls and softmax in the autocast precision) instead
@@ -68,6 +69,7 @@ from training.precision import autocast_dtype, cpu_isa
 # name: (train.* changes, fp32 attention (None: the train stage's choice here), attn_implementation,
 # TrainingArguments changes)
 CANDIDATES = {
+    "fp32": ({"mixed_precision": False}, None, None, {}),
     "fp32_attention": ({}, True, None, {}),
     "bf16_attention": ({}, False, None, {}),
     "eager_attention": ({}, False, "eager", {}),

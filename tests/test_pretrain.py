@@ -162,8 +162,11 @@ def test_scoring_only_the_masked_tokens_trains_the_same_weights_as_the_models_ow
     lm.zero_grad()
     torch.nn.functional.cross_entropy(scores, labels).backward()
     assert torch.nn.functional.cross_entropy(scores, labels).item() == pytest.approx(own.item(), abs=1e-5)
+    # within fp32 rounding of the tensor's own scale: the two losses sum the same terms in another order
+    # (seen: 1.4e-6 apart in a position embedding's gradient whose largest entry is ~1e-2, on an AMD EPYC)
     for name, grad in own_grads.items():
-        torch.testing.assert_close(dict(lm.named_parameters())[name].grad, grad, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(dict(lm.named_parameters())[name].grad, grad, rtol=1e-4,
+                                   atol=1e-6 + 1e-4 * float(grad.abs().max()), msg=lambda m: f"{name}: {m}")
     # through the stage's Trainer: 3 steps each way reach the same weights
     masked_only, scored_masked = trained_weights(tiny_model_dir, tokenizer, tmp_path, True)
     every_token, scored_every = trained_weights(tiny_model_dir, tokenizer, tmp_path, False)
