@@ -38,9 +38,9 @@ step() {  # step NAME SECONDS COMMAND...: COMMAND's output to $out/NAME.log, wit
 
 run_step() {
   case $1 in
-    profile-minilm) step profile-minilm 120 python -m bench.profile_step --gpu --steps 10 --top 12 ;;
+    profile-minilm) step profile-minilm 120 python -m bench.profile_step --gpu --warmup 5 --steps 10 --top 12 ;;
     profile-base) step profile-base 120 python -m bench.profile_step --gpu --model bert-base \
-                    --effective-batch-size 256 --steps 10 --top 12 ;;
+                    --effective-batch-size 256 --warmup 5 --steps 10 --top 12 ;;
     candidates) step candidates 240 python -m bench.candidates --gpu --steps 40 \
                   --only compile cuda_graphs unpadded full_last_layer ;;
     repro) step repro 150 dvc repro ;;
