@@ -142,12 +142,14 @@ def eval_curve(repo, metric):
 
 
 def test_a_lora_run_keeps_its_best_evaluation_and_predicts_with_it(pipeline, tiny_model_dir, tmp_path):
-    # LoRA at lr 1e-2 on the tiny BERT: it learns, then its last epochs score worse (here macro-F1 0.54 at
-    # its best, 0.46 at the end); train.keep_best keeps the best epoch; gradient checkpointing on as well
+    # LoRA at lr 2e-2 on the tiny BERT: it learns in its first epoch (macro-F1 0.54), then the high rate throws
+    # it off (0.25 at the end with torch 2.13 on a CPU, 0.18 with 2.14); train.keep_best keeps the best epoch;
+    # gradient checkpointing on as well. At lr 1e-2 the end was 0.07 below the best with torch 2.13 and tied
+    # with it with 2.14: a margin too thin for what the test is about.
     repo, _ = pipeline
     settle(repo)
     full = load_file(repo / "models/fold-0/model.safetensors")
-    ran, log = settle(repo, with_log=True, train__lora_rank=8, train__lora_alpha=16, train__lr=1e-2,
+    ran, log = settle(repo, with_log=True, train__lora_rank=8, train__lora_alpha=16, train__lr=2e-2,
                       train__gradient_checkpointing=True, train__keep_best=True)
     assert {"train@0", "predict_test", "evaluate"} <= ran
     assert "train.lora_rank 8: LoRA (alpha 16) on all-linear of the encoder, the head trained fully" in log, log
