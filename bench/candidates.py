@@ -140,8 +140,7 @@ def main():
     sequences, _ = tokenize_texts(tokenizer, texts, max_length)
     dtype = autocast_dtype(params["mixed_precision"], device)
     where = torch.cuda.get_device_name() if opts.gpu else f"cpu ({cpu_isa()}), {torch.get_num_threads()} torch threads"
-    measured = attention.bf16_attention_speedup() if device == "cpu" and dtype == torch.bfloat16 else None
-    in_fp32 = attention.attention_in_fp32(device, dtype, "sdpa", measured)
+    in_fp32 = attention.attention_in_fp32(device, dtype, "sdpa", attention.measured_speedup(device, dtype))
     print(f"candidates with {opts.model} on {where}, load average {load_average()}; torch {torch.__version__}; the "
           f"defaults train in {dtype or torch.float32}{', attention in fp32' if in_fp32 else ''}, effective batch "
           f"{params['effective_batch_size']}", flush=True)

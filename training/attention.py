@@ -71,6 +71,11 @@ def bf16_attention_speedup(batch=8, heads=12, length=48, head_dim=32, burst_seco
     return across_processes([rates[torch.bfloat16] / rates[torch.float32]], "min")[0]
 
 
+def measured_speedup(device, dtype, packed=False):
+    """bf16_attention_speedup where it could matter (a CPU training in bf16, padded batches), else None."""
+    return bf16_attention_speedup() if device == "cpu" and dtype == torch.bfloat16 and not packed else None
+
+
 class Fp32Attention(TrainerCallback):
     """Switches the model's attention to NAME while Trainer trains and evaluates, and back to sdpa at
     the end, so that the saved config is the model's own."""
@@ -90,7 +95,7 @@ def choose(model, device, dtype, packed):
     speedup measured here when it could matter (a CPU in bf16); never for padding-free batches
     (training.unpadded has its own attention path)."""
     implementation = getattr(model.config, "_attn_implementation", None)
-    measured = bf16_attention_speedup() if device == "cpu" and dtype == torch.bfloat16 and not packed else None
+    measured = measured_speedup(device, dtype, packed)
     if not attention_in_fp32(device, dtype, implementation, measured):
         return False, ""
     return True, f"; attention in fp32 (bf16 attention measured {measured:.2f}x as fast as fp32 here)"
