@@ -101,8 +101,9 @@ def train(params, tokenizer, sequences, data, folder, steps, warmup, fp32_attent
         fp32_attention, _ = attention.choose(model, device, autocast_dtype(params["mixed_precision"], device), packed)
     args = dataclasses.replace(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation),
                                **QUIET, save_strategy="no", **(arguments or {}))
-    callbacks = ([attention.Fp32Attention(model)] if fp32_attention else []) + \
-        ([compiling.EveryShapeAtOnce()] if params["compile"] is True else [])  # as the stage compiles
+    if fp32_attention:
+        model.set_attn_implementation(attention.NAME)
+    callbacks = [compiling.EveryShapeAtOnce()] if params["compile"] is True else []  # as the stage compiles
     meter = run_steps(unpadded.UnpaddedClassifier(model) if packed else model, args, data,
                       unpadded.collate if packed else make_collator(tokenizer, device), steps,
                       COMPILE_WARMUP if params["compile"] is True else warmup, callbacks=callbacks)[0]

@@ -197,8 +197,9 @@ def profile(params, sequences, labels, tokenizer, folder, bf16, compiled, warmup
                                                   NO_CHECKPOINTS, folder, device, batch, accumulation),
                                **QUIET, save_strategy="no", bf16=bf16, max_steps=warmup + 2 * steps + 1)
     callback = ProfileSteps(warmup, steps, gpu)
-    switch = ([attention.Fp32Attention(model)] if fp32_attention else []) + \
-        ([compiling.EveryShapeAtOnce()] if compiled else [])  # as the stage compiles
+    if fp32_attention:
+        model.set_attn_implementation(attention.NAME)
+    switch = [compiling.EveryShapeAtOnce()] if compiled else []  # as the stage compiles
     trainer = CountingTrainer(model=model, args=args, train_dataset=dataset(folder, "train", sequences, labels),
                               data_collator=collator, throughput=Throughput(), callbacks=[*switch, callback])
     trainer.remove_callback(PrinterCallback)

@@ -37,14 +37,14 @@ COMPILE_WARMUP = 10  # steps: the row for torch.compile times what follows its c
 def stage_callbacks(model, args, tokenizer, sequences):
     """What the train stage does to the model for these settings that changes its speed: its last layer
     computes the first token only where that gives its own logits (training/first_token.py, checked on a
-    few of `sequences`); and the callbacks it adds: attention in fp32 inside bf16 autocast where this
-    CPU's bf16 attention is slower (training/attention.py), one compiled graph for every batch shape
+    few of `sequences`); its attention in fp32 inside bf16 autocast where this CPU's bf16 attention is
+    slower (training/attention.py); and the callbacks it adds: one compiled graph for every batch shape
     (training/compiling.py)."""
     device = "cpu" if args.use_cpu else "cuda"
     first_token.choose(model, first_token.check_batch(make_collator(tokenizer, device), sequences))
-    fp32_attention, _ = attention.choose(model, device, torch.bfloat16 if args.bf16 else None, packed=False)
-    return ([attention.Fp32Attention(model)] if fp32_attention else []) + \
-        ([compiling.EveryShapeAtOnce()] if args.torch_compile else [])
+    if attention.choose(model, device, torch.bfloat16 if args.bf16 else None, packed=False)[0]:
+        model.set_attn_implementation(attention.NAME)  # for the whole of the bench's runs
+    return [compiling.EveryShapeAtOnce()] if args.torch_compile else []
 
 
 def run_steps(model, args, train_set, collator, steps, warmup, measure_peak=None, callbacks=()):

@@ -174,7 +174,7 @@ def train(job, rows, params, machine, task_metric, tokenized_settings):
             "ids; padded batches instead")
     if compile_note:
         say(compile_note)
-    callbacks = ([LiveCallback(live=live)] if live else []) + ([attention.Fp32Attention(model)] if fp32_attention else [])
+    callbacks = [LiveCallback(live=live)] if live else []
     if compiled:
         callbacks.append(compiling.EveryShapeAtOnce())
     if params["evaluations"] != "epoch" and val_set:
@@ -198,7 +198,9 @@ def train(job, rows, params, machine, task_metric, tokenized_settings):
     extra, averaging = techniques.plug_in(params, model, args, shape.kind, shape.outputs(labels), learned, resume, say)
     if rows.soft and "compute_loss_func" not in extra:  # probability targets: the model's own loss takes class ids
         extra["compute_loss_func"] = losses.TaskLoss(shape.kind)
-    with checkpoint.StopOnSignal(verbose=main_process, save_every=60 * machine["checkpoint_minutes"]) as stop:
+    # the attention in fp32 for the evaluations too, the one after training included, and back for saving
+    with checkpoint.StopOnSignal(verbose=main_process, save_every=60 * machine["checkpoint_minutes"]) as stop, \
+            attention.in_fp32(model, fp32_attention):
         trainer = CountingTrainer(
             model=unpadded.UnpaddedClassifier(model) if packed else model,  # it trains `model` itself
             args=args,
@@ -248,8 +250,10 @@ def train(job, rows, params, machine, task_metric, tokenized_settings):
     live.make_summary()
     run = {**job.data, "labels": labels, **tokenized_settings,
            "token_types": rows.token_types is not None, "target_scale": scale,
-           # the test rows are predicted as the validation rows were: batches of this size, in this precision
-           "predict_batch_size": 2 * batch_size, "precision": precision, "compiled": compiled,
+           # the test rows are predicted as the validation rows were: batches of this size, in this precision,
+           # the attention in fp32 where it trained so
+           "predict_batch_size": 2 * batch_size, "precision": precision, "fp32_attention": fp32_attention,
+           "compiled": compiled,
            "fold": job.fold, "folds": job.fold_count,  # "run": the same in every fold of a run
            "run": checkpoint.file_digest(job.run_inputs) if job.run_inputs else trained_with["data sha256"]}
     written = [out["model"], out["live"]]

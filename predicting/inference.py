@@ -10,7 +10,7 @@ import torch
 from pipeline.settings import PipelineError
 from reading.windows import mean_by_text
 from tasks.shapes import SHAPES
-from training import first_token
+from training import attention, first_token
 
 PIPELINE = "pipeline.json"  # beside each trained model: how its data was read, cleaned and tokenized
 
@@ -107,8 +107,10 @@ def fold_outputs(tokenizer, model, run, sequences, token_types, device, batch_si
     its rows', one row per text in text order."""
     collator = make_collator(tokenizer, device)
     first_token.choose(model, first_token.check_batch(collator, sequences, token_types))  # as it was trained
-    logits = predict_logits(model, collator, sequences, batch_size or run["predict_batch_size"],
-                            device, prediction_dtype(run, device), token_types)
+    dtype = prediction_dtype(run, device)
+    with attention.in_fp32(model, attention.predicted_in_fp32(run.get("fp32_attention"), device, dtype)):
+        logits = predict_logits(model, collator, sequences, batch_size or run["predict_batch_size"], device, dtype,
+                                token_types)
     outputs = SHAPES[run["kind"]].activate(logits, run["target_scale"])
     if texts is None or len(np.unique(texts)) == len(texts):  # one row per text, in order
         return outputs

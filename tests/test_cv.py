@@ -15,8 +15,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from safetensors.torch import load_file
 from sklearn.metrics import accuracy_score, f1_score
 
+from predicting.inference import fold_outputs, load_fold
+from reading.tokens import unpack_flat
 from tests.test_experiments import clone
 from tests.test_pipeline import dvc, init_pipeline_repo, run, set_params, stage_env
 from tests.test_resume import copy_repo
@@ -54,7 +57,8 @@ def cv_repo(tmp_path_factory, tiny_data_dir, tiny_model_dir):
     root = tmp_path_factory.mktemp("cv")
     fresh = init_pipeline_repo(root / "fresh", tiny_data_dir, tiny_model_dir, **CV_PARAMS)
     done = copy_repo(fresh, root / "done")
-    ran, _ = logged_repro(done)
+    ran, log = logged_repro(done)
+    (root / "done.log").write_text(log)
     yield fresh, done, ran
 
 
@@ -107,6 +111,26 @@ def test_metrics_are_out_of_fold_scores_and_their_spread_over_folds(cv_repo):
     assert metrics["oof"]["f1_macro"] >= 0.8, metrics  # it learned; chance is about 0.33
     shown = dvc("exp", "show", "--csv", "--drop", ".*", "--keep", r"oof\.f1_macro|cv\.f1_macro_mean", cwd=repo)
     assert "oof.f1_macro" in shown.stdout and "cv.f1_macro_mean" in shown.stdout
+
+
+def test_each_fold_predicts_rows_as_it_validated_them(cv_repo):
+    # a fold's out-of-fold outputs come from Trainer's evaluation inside the train stage, its test rows' from
+    # predicting/inference.py (predict_test, python -m predict): given the fold's validation rows, the second
+    # gives the first's outputs, in the precision the fold trained in (bf16 where the CPU has it fast), its
+    # attention in fp32 where the fold's log says it trained so
+    _, repo, _ = cv_repo
+    log = (repo.parent / "done.log").read_text()
+    tensors = load_file(repo / "data/tokenized/train.safetensors")
+    sequences, token_types = unpack_flat(tensors, "input_ids"), unpack_flat(tensors, "token_type_ids")
+    runs = [json.loads((repo / f"models/fold-{k}/pipeline.json").read_text()) for k in FOLDS]
+    assert sum(run["fp32_attention"] for run in runs) == log.count("; attention in fp32 (bf16 attention measured")
+    for k, run in zip(FOLDS, runs):
+        rows, oof = probabilities(repo / f"predictions/fold-{k}/oof.csv")
+        order = np.argsort(rows)  # the rows in file order, as a test file's are
+        tokenizer, model = load_fold(repo / f"models/fold-{k}", run, "cpu")
+        outputs = fold_outputs(tokenizer, model, run, [sequences[i] for i in rows[order]],
+                               token_types and [token_types[i] for i in rows[order]], "cpu")
+        assert np.abs(outputs - oof.to_numpy()[order]).max() < 1e-6, (k, run["precision"], run["fp32_attention"])
 
 
 def test_submission_is_the_argmax_of_the_mean_fold_probabilities(cv_repo, tiny_data_dir):

@@ -326,10 +326,27 @@ def test_fp32_attention_computes_softmax_attention_in_fp32_and_trains_with_it(ti
     data = [{"input_ids": ids, "labels": i % 3} for i, ids in enumerate(tokenizer(WORDS)["input_ids"])]
     args = dataclasses.replace(training_arguments(train_params(), MACHINE, str(tmp_path), "cpu", 8, 1), bf16=True,
                                max_steps=2, save_strategy="no", logging_strategy="no", eval_strategy="no")
-    CountingTrainer(model=model, args=args, train_dataset=data, data_collator=make_collator(tokenizer, "cpu"),
-                    throughput=Throughput(), callbacks=[attention.Fp32Attention(model), Record()]).train()
+    with attention.in_fp32(model):
+        CountingTrainer(model=model, args=args, train_dataset=data, data_collator=make_collator(tokenizer, "cpu"),
+                        throughput=Throughput(), callbacks=[Record()]).train()
     assert seen == [attention.NAME] * 2
     assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(KeyboardInterrupt), attention.in_fp32(model):  # back to sdpa however the block ends
+        raise KeyboardInterrupt
+    assert model.config._attn_implementation == "sdpa"
+    with attention.in_fp32(model, on=False):
+        assert model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("trained_in_fp32, device, dtype, fp32", [
+    (True, "cpu", torch.bfloat16, True),      # predicted as it trained
+    (True, "cpu", None, False),               # this CPU predicts in fp32: all of it is fp32 already
+    (True, "cuda", torch.bfloat16, False),    # a GPU's bf16 attention kernels are its fast ones
+    (False, "cpu", torch.bfloat16, False),    # trained with bf16 attention
+    (None, "cpu", torch.bfloat16, False),     # a model saved before pipeline.json said
+])
+def test_rows_are_predicted_with_fp32_attention_where_the_run_trained_so(trained_in_fp32, device, dtype, fp32):
+    assert attention.predicted_in_fp32(trained_in_fp32, device, dtype) is fp32
 
 
 def weights_after(model_dir, tokenizer, folder, steps, bf16, compiled):

@@ -6,14 +6,18 @@ heads x 40 tokens x 32: 237-322 ms vs 50-59 ms; `python -m bench.profile_step`: 
 while bf16 matmuls there run 3.7x fp32. So on such a CPU the matrix products stay in bf16 and the
 attention runs in fp32: registered with transformers' AttentionInterface as "sdpa_fp32" (the sdpa
 function and its masks, autocast off around it, q, k, v cast up and the output cast back), and
-switched on for training by a callback, so that the saved model's config still says "sdpa".
-Which precision is faster is measured on the machine (bf16_attention_speedup), as for the matmuls.
+switched on while the model trains, evaluates and predicts (in_fp32), so that the saved model's config
+still says "sdpa". Which precision is faster is measured on the machine (bf16_attention_speedup), as for
+the matmuls. A run that trained so says it in pipeline.json (fp32_attention), and its test rows are
+predicted so (predicting/inference.py), as its validation rows were: the same outputs, and on such a CPU
+faster.
 """
 import functools
 import time
+from contextlib import contextmanager
 
 import torch
-from transformers import AttentionInterface, TrainerCallback
+from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
@@ -76,18 +80,24 @@ def measured_speedup(device, dtype, packed=False):
     return bf16_attention_speedup() if device == "cpu" and dtype == torch.bfloat16 and not packed else None
 
 
-class Fp32Attention(TrainerCallback):
-    """Switches the model's attention to NAME while Trainer trains and evaluates, and back to sdpa at
-    the end, so that the saved config is the model's own."""
+@contextmanager
+def in_fp32(model, on=True):
+    """The model's attention NAME inside the block when `on`, and its own implementation again after it,
+    so that a model saved afterwards keeps its own config."""
+    own = model.config._attn_implementation
+    if on:
+        model.set_attn_implementation(NAME)
+    try:
+        yield
+    finally:
+        if on:
+            model.set_attn_implementation(own)
 
-    def __init__(self, model):
-        self.model = model
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.model.set_attn_implementation(NAME)
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self.model.set_attn_implementation("sdpa")
+def predicted_in_fp32(trained_in_fp32, device, dtype):
+    """Whether a run's rows are predicted with the attention in fp32: where the run trained so (its
+    pipeline.json's fp32_attention) and they are predicted as it trained, on a CPU in bf16 autocast."""
+    return bool(trained_in_fp32) and device == "cpu" and dtype == torch.bfloat16
 
 
 def choose(model, device, dtype, packed):
