@@ -21,22 +21,11 @@ import signal
 import sys
 from pathlib import Path
 
-import torch
-import transformers
-from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, set_seed
-from transformers.trainer_callback import PrinterCallback
-
 from pipeline.command import interactive, run_main, seconds_since_start
 from pipeline.outputs import atomic_dir, write_json
 from pipeline.settings import SEEDS, PipelineError, Range, load_params
 from reading.csvfiles import read_csv
-from reading.tokens import joined, model_limit
-from training import checkpoint, mlm
-from training.arguments import MACHINE_PARAMS, pretraining_arguments
-from training.models import model_params, resolve_model
-from training.precision import autocast_dtype
 from training.pretrained import MARKER, PRETRAINED
-from training.progress import ProgressLog
 
 PROCESSED = Path("data/processed")
 METRICS = Path("reports/pretrain/metrics.json")
@@ -50,14 +39,33 @@ PRETRAIN_PARAMS = {"epochs": (float, Range(0)), "lr": (float, Range(0, 1, low_op
 
 def main():
     params = load_params("pretrain", PRETRAIN_PARAMS)
-    machine = load_params("machine", MACHINE_PARAMS)
-    model = model_params()
-    files = mlm.extra_files(params["extra_file"]) if params["extra_file"] is not None else []
     if not params["epochs"]:  # off: the same bytes whatever the texts, so the train stages keep their cache key
         with atomic_dir(PRETRAINED) as tmp:
             write_json(tmp / MARKER, {"pretrained": False})
         write_json(METRICS, {"pretrained": False})
         return [PRETRAINED, METRICS]
+    return pretrain(params)
+
+
+def pretrain(params):
+    """The stage, on: reads the texts, trains, writes models/pretrained and the metrics."""
+    # imported here, not above: off (the default, in every `dvc repro` of a new project) the stage loads
+    # neither torch nor transformers, seconds of imports for two small files
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, set_seed
+    from transformers.trainer_callback import PrinterCallback
+
+    from reading.tokens import joined, model_limit
+    from training import checkpoint, mlm
+    from training.arguments import MACHINE_PARAMS, pretraining_arguments
+    from training.models import model_params, resolve_model
+    from training.precision import autocast_dtype
+    from training.progress import ProgressLog
+
+    machine = load_params("machine", MACHINE_PARAMS)
+    model = model_params()
+    files = mlm.extra_files(params["extra_file"]) if params["extra_file"] is not None else []
     extra = mlm.extra_texts(files, params["extra_column"])
     frames = [read_csv(PROCESSED / "train.csv")]
     if (PROCESSED / "test.csv").exists():

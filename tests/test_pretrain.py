@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import transformers
 import yaml
 from safetensors.torch import load_file
 from transformers import BertForMaskedLM, BertModel, TrainingArguments
@@ -243,8 +244,8 @@ def no_model(monkeypatch):
     """The stage must stop (or finish, when off) before it loads a model: loading one fails the test."""
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded")
-    monkeypatch.setattr(pretrain.AutoModelForMaskedLM, "from_pretrained", refuse)
-    monkeypatch.setattr(pretrain.AutoTokenizer, "from_pretrained", refuse)
+    monkeypatch.setattr(transformers.AutoModelForMaskedLM, "from_pretrained", refuse)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
 
 
 def test_off_writes_the_same_bytes_whatever_the_data_and_loads_nothing(tmp_path, monkeypatch, no_model):
@@ -255,6 +256,17 @@ def test_off_writes_the_same_bytes_whatever_the_data_and_loads_nothing(tmp_path,
     assert (tmp_path / "reports/pretrain/metrics.json").read_bytes() == OFF
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
         "models/pretrained/pretrained.json", "params.yaml", "reports/pretrain/metrics.json"]
+
+
+def test_off_the_stage_imports_neither_torch_nor_transformers(tmp_path):
+    # seconds of imports in every `dvc repro` of a new project, for two small files
+    write_params(tmp_path)
+    loaded = subprocess.run([sys.executable, "-c", "import runpy, sys; runpy.run_module('stages.pretrain', "
+                             "run_name='__main__'); print(sorted({'torch', 'transformers', 'peft'} & set(sys.modules)))"],
+                            cwd=tmp_path, env={**stage_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.splitlines()[-1] == "[]", loaded.stdout
+    assert (tmp_path / "models/pretrained/pretrained.json").read_bytes() == OFF
 
 
 @pytest.mark.parametrize("changes, message", [
