@@ -9,8 +9,8 @@ function and its masks, autocast off around it, q, k, v cast up and the output c
 switched on while the model trains, evaluates and predicts (in_fp32), so that the saved model's config
 still says "sdpa". Which precision is faster is measured on the machine (bf16_attention_speedup), as for
 the matmuls. A run that trained so says it in pipeline.json (fp32_attention), and its test rows are
-predicted so (predicting/inference.py), as its validation rows were: the same outputs, and on such a CPU
-faster.
+predicted so (predicting/inference.py), as its validation rows were: the same outputs (not for speed:
+predicting runs the forward pass only, where bf16 attention is not the slow part).
 """
 import functools
 import time
