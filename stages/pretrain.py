@@ -25,6 +25,7 @@ from pipeline.command import interactive, run_main, seconds_since_start
 from pipeline.outputs import atomic_dir, write_json
 from pipeline.settings import SEEDS, PipelineError, Range, load_params
 from reading.csvfiles import read_csv
+from reading.extra import extra_files, extra_texts
 from training.pretrained import MARKER, PRETRAINED
 
 PROCESSED = Path("data/processed")
@@ -39,16 +40,18 @@ PRETRAIN_PARAMS = {"epochs": (float, Range(0)), "lr": (float, Range(0, 1, low_op
 
 def main():
     params = load_params("pretrain", PRETRAIN_PARAMS)
+    files = extra_files(params["extra_file"]) if params["extra_file"] is not None else []  # said even when off
     if not params["epochs"]:  # off: the same bytes whatever the texts, so the train stages keep their cache key
         with atomic_dir(PRETRAINED) as tmp:
             write_json(tmp / MARKER, {"pretrained": False})
         write_json(METRICS, {"pretrained": False})
         return [PRETRAINED, METRICS]
-    return pretrain(params)
+    return pretrain(params, files)
 
 
-def pretrain(params):
-    """The stage, on: reads the texts, trains, writes models/pretrained and the metrics."""
+def pretrain(params, files):
+    """The stage, on: reads the texts (those of the extra `files` too), trains, writes models/pretrained and
+    the metrics."""
     # imported here, not above: off (the default, in every `dvc repro` of a new project) the stage loads
     # neither torch nor transformers, seconds of imports for two small files
     import torch
@@ -65,8 +68,7 @@ def pretrain(params):
 
     machine = load_params("machine", MACHINE_PARAMS)
     model = model_params()
-    files = mlm.extra_files(params["extra_file"]) if params["extra_file"] is not None else []
-    extra = mlm.extra_texts(files, params["extra_column"])
+    extra = extra_texts(files, params["extra_column"])
     frames = [read_csv(PROCESSED / "train.csv")]
     if (PROCESSED / "test.csv").exists():
         frames.append(read_csv(PROCESSED / "test.csv"))

@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from transformers import BertForMaskedLM, BertModel, TrainingArguments
 
 from pipeline.settings import PipelineError
+from reading import extra
 from stages import pretrain
 from tests.test_pipeline import REPO, dvc, init_pipeline_repo, set_params, stage_env
 from training import checkpoint, mlm
@@ -48,17 +49,17 @@ def test_extra_texts_are_a_csv_column_and_the_lines_of_txt_files(tmp_path):
     pd.DataFrame({"body": ["x y", "z"], "n": ["1", "2"]}).to_csv(folder / "a.csv", index=False)
     (folder / "more" / "b.txt").write_text("first line\nsecond line\n")
     (folder / "notes.md").write_text("not read")
-    files = mlm.extra_files(folder)
+    files = extra.extra_files(folder)
     assert [p.name for p in files] == ["a.csv", "b.txt"]
-    assert mlm.extra_texts(files, "body") == ["x y", "z", "first line", "second line"]
-    assert mlm.extra_files(folder / "a.csv") == [folder / "a.csv"]
+    assert extra.extra_texts(files, "body") == ["x y", "z", "first line", "second line"]
+    assert extra.extra_files(folder / "a.csv") == [folder / "a.csv"]
     with pytest.raises(PipelineError, match=r"a\.csv has no column 'text' \(pretrain\.extra_column\); its columns: 'body', 'n'$"):
-        mlm.extra_texts(files, "text")
+        extra.extra_texts(files, "text")
     with pytest.raises(PipelineError, match=r"^params\.yaml: pretrain\.extra_file \S+/nothing\.csv does not exist"):
-        mlm.extra_files(tmp_path / "nothing.csv")
+        extra.extra_files(tmp_path / "nothing.csv")
     (tmp_path / "empty").mkdir()
     with pytest.raises(PipelineError, match="a folder without .csv or .txt files"):
-        mlm.extra_files(tmp_path / "empty")
+        extra.extra_files(tmp_path / "empty")
 
 
 def test_the_held_out_split_is_disjoint_complete_and_drawn_by_the_seed():
