@@ -7,6 +7,7 @@ where this CPU's bf16 attention is the slower (training/attention.py).
     python -m bench.profile_step                 # both precisions, 10 profiled steps each after 3 untimed
     python -m bench.profile_step --steps 20 --threads 1 --compile   # compiled (train.compile) as a third column
     python -m bench.profile_step --gpu --model bert-base            # one GPU: kernel time, and GPU idle time
+    python -m bench.profile_step --casts         # the casts' row split: weights and their gradients, the rest
 
 Prints a table: milliseconds per optimizer step and share of the step for matrix products, attention,
 LayerNorm, GELU, softmax, dropout, dtype casts (autocast's, forward and backward), the embeddings,
@@ -22,6 +23,11 @@ includes moving each batch to the GPU, and the last row is the time the GPU ran 
 is most of the step, the step is bound by Python and the launching of kernels, not by the GPU's
 arithmetic (what CUDA graphs and torch.compile remove). --model bert-base profiles a randomly
 initialised bert-base-sized model (12 layers, hidden 768) instead of the embedded MiniLM.
+
+--casts records each operation's input shapes and splits the casts' row by what is cast: a tensor shaped
+as one of the model's weights (autocast's cast of each weight for the forward pass, and its gradient cast
+back to fp32: what keeping the weights in bf16 with fp32 master copies would change), or anything else
+(activations and their gradients, as the fp32 attention's q, k, v cast up and its output cast down).
 """
 import argparse
 import dataclasses
@@ -63,6 +69,7 @@ from training.models import resolve_model
 from training.precision import cpu_isa
 from training.speed import CountingTrainer, Throughput
 
+CASTS = "dtype casts (autocast)"
 # (row, operations whose own time is that row's), in the table's order; the first match wins
 KINDS = [
     ("matrix products (mm, addmm, bmm)", {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
@@ -85,10 +92,11 @@ KINDS = [
     ("softmax", {"aten::_softmax", "aten::_softmax_backward_data", "aten::softmax"}),
     ("dropout (masks, scaling)", {"aten::bernoulli_", "aten::native_dropout", "aten::native_dropout_backward",
                                   "aten::dropout"}),
-    ("dtype casts (autocast)", {"aten::to", "aten::_to_copy", "aten::copy_"}),
+    (CASTS, {"aten::to", "aten::_to_copy", "aten::copy_"}),
     ("embeddings", {"aten::embedding", "aten::embedding_backward", "aten::embedding_dense_backward"}),
 ]
 CAST_OPS = {"aten::to", "aten::_to_copy"}  # what they allocate and copy into is the cast's time too
+WEIGHTS, OTHERS = "tensors shaped as a weight", "other tensors"  # --casts
 OPTIMIZER = "optimizer (AdamW, clipping, zero_grad)"
 ELEMENTWISE = "other elementwise and reductions"
 AUTOGRAD = "autograd engine"
@@ -107,7 +115,7 @@ def kind_of(event):
             event.name.startswith("aten::_foreach") or any(n.startswith("aten::_foreach") for n in chain):
         return OPTIMIZER  # clip_grad_norm_ is foreach norms and multiplies
     if any(n in CAST_OPS for n in chain):
-        return "dtype casts (autocast)"
+        return CASTS
     for name, ops in KINDS:
         if event.name in ops:
             return name
@@ -145,6 +153,29 @@ def breakdown(events, wall_s, steps, gpu=False):
     return {row: ms / steps for row, ms in totals.items()}
 
 
+def cast_shape(event):
+    """The shape of the tensor a cast casts: the first input of the nearest cast operation, the event or
+    one of its callers, that records one (aten::empty_strided, which allocates the result, records none)."""
+    while event is not None:
+        shapes = getattr(event, "input_shapes", None)
+        if (event.name in CAST_OPS or event.name == "aten::copy_") and shapes and shapes[0]:
+            return tuple(shapes[0])
+        event = event.cpu_parent
+    return None
+
+
+def cast_split(events, steps, weight_shapes, gpu=False):
+    """{WEIGHTS: ms, OTHERS: ms} per step: the casts' row by the shape of what each cast casts, a weight's
+    (the weight cast for the forward pass, or its gradient cast back) or another. An activation that has a
+    weight's shape (a batch of 1,536 tokens x 384 against a 1,536 x 384 weight) counts as a weight: the
+    profiler records shapes, not which tensor it was."""
+    split = {WEIGHTS: 0.0, OTHERS: 0.0}
+    for event in operations(events):
+        if kind_of(event) == CASTS:
+            split[WEIGHTS if cast_shape(event) in weight_shapes else OTHERS] += own_ms(event, gpu) / steps
+    return split
+
+
 def launches(events, steps):
     """(CPU ms per step of the operations themselves, GPU kernels and copies launched per step)."""
     ops = operations(events)
@@ -157,8 +188,8 @@ class ProfileSteps(TrainerCallback):
     before them (after the warm-up), so both clocks see the same kind of batches. On a GPU the clock
     waits for the GPU's queued kernels at each end, and the profiler records the kernels too."""
 
-    def __init__(self, warmup, steps, gpu=False):
-        self.warmup, self.steps = warmup, steps
+    def __init__(self, warmup, steps, gpu=False, shapes=False):
+        self.warmup, self.steps, self.shapes = warmup, steps, shapes
         kinds = torch.profiler.ProfilerActivity
         self.activities = [kinds.CPU] + ([kinds.CUDA] if gpu else [])
         self.profiler = self.start = None
@@ -171,7 +202,7 @@ class ProfileSteps(TrainerCallback):
         elif state.global_step == self.warmup + self.steps:
             sync()
             self.unprofiled_s = time.perf_counter() - self.start
-            self.profiler = torch.profiler.profile(activities=self.activities)
+            self.profiler = torch.profiler.profile(activities=self.activities, record_shapes=self.shapes)
             self.profiler.__enter__()
             self.start = time.perf_counter()
 
@@ -184,9 +215,10 @@ class ProfileSteps(TrainerCallback):
 
 
 def profile(params, sequences, labels, tokenizer, folder, bf16, compiled, warmup, steps, top=0, fp32_attention=False,
-            device="cpu", make_model=minilm_model):
+            device="cpu", make_model=minilm_model, casts=False):
     """(ms per step by row, unprofiled ms per step, batch, top operations, (CPU ms of the operations per step,
-    kernels per step)) of the train stage's settings in bf16 or fp32."""
+    kernels per step), the casts' row split (cast_split; None unless casts)) of the train stage's settings
+    in bf16 or fp32."""
     gpu = device == "cuda"
     model = make_model(**recipe(params))
     collator = make_collator(tokenizer, device)
@@ -196,7 +228,7 @@ def profile(params, sequences, labels, tokenizer, folder, bf16, compiled, warmup
     args = dataclasses.replace(training_arguments({**params, "mixed_precision": False, "compile": compiled},
                                                   NO_CHECKPOINTS, folder, device, batch, accumulation),
                                **QUIET, save_strategy="no", bf16=bf16, max_steps=warmup + 2 * steps + 1)
-    callback = ProfileSteps(warmup, steps, gpu)
+    callback = ProfileSteps(warmup, steps, gpu, shapes=casts)
     if fp32_attention:
         model.set_attn_implementation(attention.NAME)
     switch = [compiling.EveryShapeAtOnce()] if compiled else []  # as the stage compiles
@@ -206,7 +238,8 @@ def profile(params, sequences, labels, tokenizer, folder, bf16, compiled, warmup
     trainer.train()
     events = callback.profiler.events()
     result = (breakdown(events, callback.wall_s, steps, gpu), callback.unprofiled_s * 1e3 / steps,
-              (batch, accumulation), top_operations(events, steps, top, gpu), launches(events, steps))
+              (batch, accumulation), top_operations(events, steps, top, gpu), launches(events, steps),
+              cast_split(events, steps, {tuple(w.shape) for w in model.parameters()}, gpu) if casts else None)
     del trainer, model
     free_gpu()
     return result
@@ -243,6 +276,8 @@ def main():
     parser.add_argument("--model", choices=["minilm", "bert-base"], default="minilm",
                         help="the embedded MiniLM, or a randomly initialised bert-base-sized model")
     parser.add_argument("--effective-batch-size", type=int, help="overrides train.effective_batch_size")
+    parser.add_argument("--casts", action="store_true",
+                        help="split the casts' row: tensors shaped as a weight (weights, their gradients), others")
     opts = parser.parse_args()
     if opts.gpu and not torch.cuda.is_available():
         sys.exit("--gpu: no CUDA GPU visible to torch")
@@ -275,14 +310,16 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         for name, bf16, compiled, fp32_attention in runs:
             warmup = max(opts.warmup, 10) if compiled else opts.warmup
-            by_row, unprofiled, batch, top, (cpu_ms, kernels) = profile(
+            by_row, unprofiled, batch, top, (cpu_ms, kernels), split = profile(
                 params, sequences, labels, tokenizer, folder, bf16, compiled, warmup, opts.steps, opts.top,
-                fp32_attention, device, make_model)
+                fp32_attention, device, make_model, opts.casts)
             columns[name] = (by_row, unprofiled)
             launched = (f"; the operations' own CPU time {cpu_ms:.1f} ms, {kernels:.0f} kernels per step"
                         if opts.gpu else "")
-            print(f"{name}: batch {batch[0]} x {batch[1]}, {unprofiled:.1f} ms per step unprofiled{launched}", *top,
-                  sep="\n", flush=True)
+            casts = (f"; casts {split[WEIGHTS]:.1f} ms per step of {WEIGHTS} (weights, their gradients), "
+                     f"{split[OTHERS]:.1f} of {OTHERS}" if split else "")
+            print(f"{name}: batch {batch[0]} x {batch[1]}, {unprofiled:.1f} ms per step unprofiled{launched}{casts}",
+                  *top, sep="\n", flush=True)
     print(table(columns, opts.gpu))
     print(f"load average at the end: {load_average()}")
 

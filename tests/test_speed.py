@@ -440,6 +440,33 @@ def test_the_gpu_profile_counts_each_operations_kernels_in_its_row_and_the_rest_
     assert ps.GPU_IDLE in ps.table({"bf16": (rows, 11.0)}, gpu=True)
 
 
+def test_the_profiles_casts_split_by_whether_a_weight_is_cast():
+    """bench.profile_step --casts on hand-made events of 2 steps: a cast's own time (the allocation and the
+    copy under it included) counts as a weight's when the tensor it casts has a weight's shape, whichever
+    operation of the cast records the shape; the optimizer's copies are the optimizer's, not casts."""
+    from types import SimpleNamespace
+
+    from bench import profile_step as ps
+
+    def op(name, parent=None, shapes=(), us=0.0):
+        return SimpleNamespace(name=name, cpu_parent=parent, device_type=torch.autograd.DeviceType.CPU,
+                               self_cpu_time_total=us, input_shapes=[list(s) for s in shapes])
+
+    forward = op("aten::_to_copy", op("aten::linear"), [(384, 1536), (), ()], us=100.0)  # a weight, to bf16
+    backward = op("aten::_to_copy", op("ToCopyBackward0"), [(384, 1536)], us=100.0)  # its gradient, to fp32
+    activation = op("aten::_to_copy", op("sdpa_fp32"), [(32, 12, 33, 32)], us=300.0)  # q to fp32
+    step = op("Optimizer.step#AdamW.step")
+    events = [forward, op("aten::empty_strided", forward, [(), ()], us=200.0),
+              op("aten::copy_", forward, [(384, 1536), (384, 1536), ()], us=700.0),
+              backward, op("aten::copy_", backward, [(384, 1536), (384, 1536), ()], us=900.0),
+              activation, op("aten::empty_strided", activation, [()], us=100.0),
+              op("aten::copy_", activation, [(32, 12, 33, 32), (32, 12, 33, 32), ()], us=1600.0),
+              step, op("aten::copy_", step, [(384, 1536), (384, 1536), ()], us=5000.0)]
+    split = ps.cast_split(events, steps=2, weight_shapes={(384, 1536), (1536, 384), (384,)})
+    assert split == {ps.WEIGHTS: pytest.approx(1.0), ps.OTHERS: pytest.approx(1.0)}  # (100+200+700+100+900) us / 2
+    assert ps.breakdown(events, wall_s=0.01, steps=2)[ps.CASTS] == pytest.approx(2.0)  # the same row, whole
+
+
 @pytest.mark.parametrize("every_shape_at_once, compilings", [(False, 3), (True, 1)])
 def test_compiled_training_traces_one_graph_for_every_batch_shape(tiny_model_dir, tokenizer, tmp_path,
                                                                    every_shape_at_once, compilings):
