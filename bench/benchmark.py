@@ -60,6 +60,7 @@ from bench.training import (  # noqa: F401
     report_training,
     report_unpadded,
     time_training_steps,
+    times_bf16,
 )
 from pipeline.settings import load_params
 from reading.tokens import auto_max_length, model_limit, tokenize_texts
@@ -67,7 +68,7 @@ from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from stages.train import TRAIN_PARAMS
 from training.models import resolve_model
-from training.precision import autocast_dtype, cpu_has_bf16, cpu_isa
+from training.precision import autocast_dtype, cpu_bf16_speedup, cpu_has_bf16, cpu_isa
 
 
 def _yes(flag):
@@ -151,11 +152,13 @@ def main():
     if recipe(params) != AS_LOADED:
         report_recipe(*bench_recipe(make_model, tokenizer, sequences, labels, params, device, opts.steps, warmup),
                       opts.steps, params)
-    if opts.gpu or cpu_has_bf16():
+    has_bf16 = opts.gpu or cpu_has_bf16()
+    matmul_speedup = cpu_bf16_speedup() if has_bf16 and not opts.gpu else None
+    if times_bf16(device, has_bf16, matmul_speedup):
         report_precision(*bench_precision(make_model, tokenizer, sequences, labels, params, device, opts.steps,
                                           warmup), opts.steps, device, goals)
     else:
-        report_precision(None, None, opts.steps, device, goals)
+        report_precision(None, None, opts.steps, device, goals, has_bf16)
     if opts.gpu:
         print(f"   train.batch_size {params['batch_size']} chose {run['batch']} per step for an effective "
               f"batch of {params['effective_batch_size']}, probed at {run['seq_len']} tokens; peak GPU memory "

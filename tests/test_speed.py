@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForSequenceClassification, DataCollatorWithPadding, TrainerCallback
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from bench.training import defaults_vs_fp32, times_bf16
 from pipeline.settings import PipelineError, load_params
 from predicting.inference import make_collator
 from reading.tokens import auto_max_length, model_limit, pack_sequences, unpack_sequences
@@ -136,6 +137,42 @@ def test_processes_of_one_run_agree_on_the_bf16_speedup(tmp_path):
     ratios = {path.name: path.read_text() for path in out.iterdir()}
     assert set(ratios) == {"0", "1"}, done.stdout
     assert ratios["0"] == ratios["1"] and float(ratios["0"]) > 0, ratios
+
+
+def test_a_cpu_whose_bf16_matmuls_are_emulated_measures_them_slower_than_fp32():
+    """A CPU whose bf16 is slow, made on this one: oneDNN and torch's kernels held to AVX2, where bf16 has
+    no instructions (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY). The real measurement must find bf16 slower
+    (0.02x here), so that the train stage trains in fp32 and the benchmark's row 4 does not time bf16."""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", "from training.precision import cpu_bf16_speedup\n"
+                           "print(cpu_bf16_speedup(size=256, burst_seconds=0.02))"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    speedup = float(done.stdout)
+    assert speedup < 1.0 < BF16_MIN_SPEEDUP, speedup
+    assert not times_bf16("cpu", True, speedup)
+
+
+@pytest.mark.parametrize("device, has_bf16, matmul_speedup, timed", [
+    ("cuda", True, None, True),    # a GPU: always
+    ("cpu", True, 3.7, True),      # an EPYC with AVX512-BF16: bf16 training timed, the defaults use it
+    ("cpu", True, 1.2, True),      # faster matmuls, below the stage's 1.3x: timed, to show what the margin costs
+    ("cpu", True, 0.47, False),    # a virtual Xeon whose bf16 is slow: the stage trains fp32
+    ("cpu", False, None, False),   # no bf16 instructions
+])
+def test_row_4_times_bf16_where_this_cpu_multiplies_it_no_slower_than_fp32(device, has_bf16, matmul_speedup, timed):
+    assert times_bf16(device, has_bf16, matmul_speedup) is timed
+
+
+@pytest.mark.parametrize("bf16_ratio, defaults_in_bf16, judged", [
+    (1.86, True, 1.86),   # the defaults train in bf16: its ratio is theirs
+    (0.45, True, 0.45),   # bf16 chosen and slower: the goal sees it
+    (0.45, False, 1.0),   # bf16 slower, the stage trains fp32: as fast as fp32
+    (None, False, 1.0),   # bf16 not timed
+])
+def test_row_4s_goal_judges_the_precision_the_defaults_train_in(bf16_ratio, defaults_in_bf16, judged):
+    assert defaults_vs_fp32(bf16_ratio, defaults_in_bf16) == judged
 
 
 def fake_memory(limit, fixed=2.0, per_example=0.5):
