@@ -157,7 +157,8 @@ def train(job, rows, params, machine, task_metric, tokenized_settings):
         f"{precision}{precision_note(params['mixed_precision'], device)}{attention_note}")
     steps = compiling.run_steps(len(train_set), batch_size * accumulation * world_size, params["epochs"])
     hardware = torch.cuda.get_device_name() if device == "cuda" else cpu_isa()
-    compiled, compile_note = compiling.choose(params["compile"], device, hardware, precision, steps)
+    compiled, compile_note = compiling.choose(params["compile"], device, hardware, precision, steps,
+                                              compiler=device != "cpu" or compiling.cpp_compiler() is not None)
 
     trained_with = {**checkpoint.fingerprint(params, job.model_name, world_size, batch_size, accumulation,
                                              checkpoint.file_digest(job.inputs)),  # a checkpoint holds its optimizer's state

@@ -314,6 +314,35 @@ def test_compile_auto_compiles_where_measured_faster_and_the_run_repays_it(setti
     assert (says is None and line == "") or (says in line), line
 
 
+@pytest.mark.parametrize("setting, steps, compiled, says", [
+    ("auto", 601, False, "and none works here (apt-get install g++, or set CXX)"),
+    ("auto", 600, False, "would not repay"),  # as with a compiler: no need for one
+    (True, 10, True, "train.compile: torch.compile;"),  # forced: Inductor's own error says what is missing
+])
+def test_compile_auto_stays_eager_on_a_cpu_without_a_cpp_compiler(setting, steps, compiled, says):
+    measured = {("cpu", "AMX", "bfloat16"): (2.0, 300)}
+    chosen, line = compiling.choose(setting, "cpu", "AMX", "bfloat16", steps, measured, compiler=False)
+    assert chosen is compiled
+    assert says in line, line
+
+
+@pytest.mark.parametrize("cxx", [None, "/nonexistent/g++"])
+def test_the_cpp_compiler_found_is_the_one_inductor_finds(cxx):
+    """cpp_compiler looks where Inductor does, without importing it; Inductor's own search, in a process whose
+    CXX is set before torch reads it, is the second opinion."""
+    env = {k: v for k, v in os.environ.items() if k != "CXX"} | ({"CXX": cxx} if cxx else {}) | \
+        {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    script = ("from training.compiling import cpp_compiler\n"
+              "from torch._inductor.cpp_builder import get_cpp_compiler\n"
+              "try:\n    inductor = get_cpp_compiler()\nexcept Exception:\n    inductor = None\n"
+              "print(repr(cpp_compiler()), repr(inductor))")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ours, inductor = done.stdout.split()
+    assert (ours == "None") == (inductor == "None"), (ours, inductor)
+    assert (ours == "None") == (cxx is not None), ours
+
+
 def test_the_run_steps_are_trainers_count():
     assert compiling.run_steps(29_000, 32, 1) == 907   # 906.25 batches: the last one short
     assert compiling.run_steps(29_000, 32, 0.5) == 454

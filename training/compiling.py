@@ -11,6 +11,8 @@ two choices (fused kernels round differently) is still a setting of the result: 
 the hardware, as train.mixed_precision's is, and the log and the saved run (pipeline.json) say which.
 """
 import math
+import os
+import shutil
 
 import torch
 from transformers import TrainerCallback
@@ -22,6 +24,10 @@ MEASURED = {
     # 1.00x and 0.97x in two runs on a quiet 2-core EPYC (Zen 4), its attention in fp32 as the stage trains
     # there; the compiling took 72 s, about 320 eager steps: no gain
     ("cpu", "AVX512-BF16", "bfloat16"): (1.0, 320),
+    # 1.05x, 1.16x and 1.09x in three runs on a quiet 2-core Xeon with AMX (row 7 of the benchmark, then
+    # bench.candidates at 24 and 50 steps), the attention in fp32 as the stage trains there; the first
+    # compiling, Inductor's cache empty, took 49 s, about 440 eager steps: it pays from about 4,900 steps on
+    ("cpu", "AMX", "bfloat16"): (1.10, 440),
 }
 
 
@@ -36,10 +42,18 @@ def pays_off(speedup, cost_steps, steps):
     return speedup > 1 and steps * (1 - 1 / speedup) > cost_steps
 
 
-def choose(setting, device, isa, precision, steps, measured=None):
+def cpp_compiler():
+    """The C++ compiler torch.compile would build its CPU kernels with, where Inductor looks for one
+    (torch._inductor.config.cpp.cxx: $CXX, else g++), None where there is none. Not Inductor's own search,
+    which imports Inductor: 1.8 s on every CPU run."""
+    return shutil.which(os.environ.get("CXX") or "g++")
+
+
+def choose(setting, device, isa, precision, steps, measured=None, compiler=True):
     """(compile or not, the log line saying why) for train.compile `setting` (True, False or "auto") on
     `device` with instruction set `isa` ("AMX", "AVX512-BF16", ...; a GPU: its name) training in
-    `precision` ("bfloat16", "float32", "float16") for `steps` optimizer steps; measured: MEASURED."""
+    `precision` ("bfloat16", "float32", "float16") for `steps` optimizer steps; measured: MEASURED;
+    compiler: whether a CPU's kernels can be built here (cpp_compiler), else auto stays eager."""
     if isinstance(setting, bool):
         return setting, ("train.compile: torch.compile; the first batch is slow while the model is compiled, "
                          "one graph for every batch shape") if setting else ""
@@ -49,6 +63,10 @@ def choose(setting, device, isa, precision, steps, measured=None):
         return False, (f"train.compile auto: eager, torch.compile was not measured on {where} "
                        "(python -m bench.benchmark --compile measures it; train.compile: true uses it)")
     speedup, cost = facts
+    if pays_off(speedup, cost, steps) and not compiler:
+        return False, (f"train.compile auto: eager: torch.compile (measured {speedup:.2f}x eager on {where}) would "
+                       f"repay its compiling in {steps} steps, but on a CPU it builds its kernels with a C++ "
+                       "compiler, and none works here (apt-get install g++, or set CXX)")
     if pays_off(speedup, cost, steps):
         return True, (f"train.compile auto: torch.compile, measured {speedup:.2f}x eager on {where}, so "
                       f"{steps} steps repay the compiling (about {cost} steps' time)")
