@@ -67,6 +67,7 @@ from reading.tokens import auto_max_length, model_limit, tokenize_texts
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from stages.train import TRAIN_PARAMS
+from training import allocator
 from training.models import resolve_model
 from training.precision import autocast_dtype, cpu_bf16_speedup, cpu_has_bf16, cpu_isa
 
@@ -123,7 +124,8 @@ def main():
     goals = hardware_goals(device, isa)
     print(f"benchmark on {where} ({os.cpu_count()} cores, {isa}: torch's CPU kernels use "
           f"{torch.backends.cpu.get_cpu_capability()}, AMX {_yes(torch.cpu._is_amx_tile_supported())}, "
-          f"AVX512-BF16 {_yes(torch.cpu._is_avx512_bf16_supported())}; load average {load_average()}); "
+          f"AVX512-BF16 {_yes(torch.cpu._is_avx512_bf16_supported())}; memory allocator {allocator.running()}; "
+          f"load average {load_average()}); "
           f"torch {torch.__version__}; rows 4 and 5 hold the goals of {goals['why']}")
 
     model_source = str(opts.tokenizer) if opts.tokenizer else resolve_model("minilm")

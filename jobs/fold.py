@@ -29,6 +29,7 @@ from reading import windows
 from reading.tokens import unpack_flat, unpack_sequences
 from tasks.shapes import competition_metric
 from training import (
+    allocator,
     attention,
     best,
     checkpoint,
@@ -175,6 +176,8 @@ def train(job, rows, params, machine, task_metric, tokenized_settings):
             "ids; padded batches instead")
     if compile_note:
         say(compile_note)
+    if allocator_note := allocator.note(device, allocator.running(), allocator.tcmalloc_library()):
+        say(allocator_note)
     callbacks = [LiveCallback(live=live)] if live else []
     if compiled:
         callbacks.append(compiling.EveryShapeAtOnce())

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The system packages the tests use, on Debian or Ubuntu: Chromium (the plots test renders
 # `dvc plots show` in it) with fonts for the chart labels, PostgreSQL (the tuning tests share a
-# study through a server they start), and python3-venv where Debian leaves it out. Everything else, the SSH and S3 test servers included, comes from PyPI
+# study through a server they start), tcmalloc (a test runs a process under it: training/allocator.py),
+# and python3-venv where Debian leaves it out. Everything else, the SSH and S3 test servers included, comes from PyPI
 # (requirements-dev.txt). Installs only what is missing, as root or through sudo; a second run
 # installs nothing. scripts/test.sh runs it.
 set -euo pipefail
@@ -17,6 +18,7 @@ if [ "${ID:-}" = ubuntu ]; then
   browser=()
 fi
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
+/sbin/ldconfig -p | grep -q 'libtcmalloc_minimal\.so\.4 ' || missing+=(libtcmalloc-minimal4)
 if [ ${#browser[@]} -gt 0 ] && ! command -v chromium >/dev/null; then
   missing+=("${browser[@]}")
 fi
@@ -35,5 +37,9 @@ fi
 echo "installing ${missing[*]} (apt-get)"
 export DEBIAN_FRONTEND=noninteractive
 "${as_root[@]}" apt-get update -qq
+# tcmalloc's package is libtcmalloc-minimal4t64 from Ubuntu 24.04 and Debian 13 on, as apt's lists tell
+if apt-cache show libtcmalloc-minimal4t64 >/dev/null 2>&1; then
+  missing=("${missing[@]/#libtcmalloc-minimal4/libtcmalloc-minimal4t64}")
+fi
 # --no-install-recommends: chromium's recommends (upower, printer setup, ...) are not needed
 "${as_root[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
