@@ -63,15 +63,15 @@ def choose(setting, device, isa, precision, steps, measured=None, compiler=True)
         return False, (f"train.compile auto: eager, torch.compile was not measured on {where} "
                        "(python -m bench.benchmark --compile measures it; train.compile: true uses it)")
     speedup, cost = facts
-    if pays_off(speedup, cost, steps) and not compiler:
+    if not pays_off(speedup, cost, steps):
+        return False, (f"train.compile auto: eager, torch.compile measured {speedup:.2f}x eager on {where}; "
+                       f"{steps} steps would not repay the compiling (about {cost} steps' time)")
+    if not compiler:
         return False, (f"train.compile auto: eager: torch.compile (measured {speedup:.2f}x eager on {where}) would "
                        f"repay its compiling in {steps} steps, but on a CPU it builds its kernels with a C++ "
                        "compiler, and none works here (apt-get install g++, or set CXX)")
-    if pays_off(speedup, cost, steps):
-        return True, (f"train.compile auto: torch.compile, measured {speedup:.2f}x eager on {where}, so "
-                      f"{steps} steps repay the compiling (about {cost} steps' time)")
-    return False, (f"train.compile auto: eager, torch.compile measured {speedup:.2f}x eager on {where}; "
-                   f"{steps} steps would not repay the compiling (about {cost} steps' time)")
+    return True, (f"train.compile auto: torch.compile, measured {speedup:.2f}x eager on {where}, so "
+                  f"{steps} steps repay the compiling (about {cost} steps' time)")
 
 
 class EveryShapeAtOnce(TrainerCallback):
