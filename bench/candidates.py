@@ -22,13 +22,21 @@ bf16 attention is the slower (training/attention.py). Candidates (each alone, th
 - full_last_layer: the last layer computes every token, not the first only (training/first_token.py):
   below 1x by what the defaults gain from it;
 - cuda_graphs: GPU only: torch.compile's "reduce-overhead" mode, which replays each batch shape's kernels
-  as one CUDA graph instead of launching them one by one.
+  as one CUDA graph instead of launching them one by one;
+- no_cudnn_attention: GPU only: SDPA without cuDNN's kernel (FlashAttention's or the memory-efficient one
+  instead), which torch 2.11 picked for bf16 on an H200. cuDNN builds a plan for each new shape (55-70 ms
+  each in flashinfer#5245's measurements), and its host time per call was measured at about twice
+  FlashAttention's (pytorch#191576): a default MiniLM step on the H200 is bound by its launches.
 With --gpu the same on one GPU (in bf16 there, as the train stage trains), at train.effective_batch_size
 unless --effective-batch-size says otherwise; --model bert-base trains a randomly initialised
-bert-base-sized model instead of MiniLM. A candidate that fails prints its error in a line and the
-others run.
+bert-base-sized model instead of MiniLM. On a GPU the defaults train once untimed before the first
+candidate: the first run in a process pays for every batch shape's first time (most likely cuDNN's
+attention plans), and the side that ran it would look slower (the H200 run of 2026-12-04 read compile as 2.09x against
+defaults that were 1.8x slower than the same defaults later). A candidate that fails prints its error in
+a line and the others run.
 """
 import argparse
+import contextlib
 import dataclasses
 import functools
 import os
@@ -81,8 +89,20 @@ CANDIDATES = {
     "effective_64": ({"batch_size": 64, "effective_batch_size": 64}, None, None, {}),
     "unpadded": ({"unpadded": True}, None, None, {}),
     "full_last_layer": ({}, None, None, {}),
+    "no_cudnn_attention": ({}, None, None, {}),
 }
-GPU_ONLY = {"cuda_graphs"}
+GPU_ONLY = {"cuda_graphs", "no_cudnn_attention"}
+
+
+@contextlib.contextmanager
+def without_cudnn_attention():
+    """SDPA picks among its other CUDA kernels inside; cuDNN's is allowed again after."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
 
 
 def train(params, tokenizer, sequences, data, folder, steps, warmup, fp32_attention=None, implementation=None,
@@ -148,6 +168,11 @@ def main():
     names = opts.only or [n for n in CANDIDATES if opts.gpu or n not in GPU_ONLY]
     with tempfile.TemporaryDirectory() as folder:
         data = dataset(folder, "train", sequences, labels)
+        if opts.gpu:
+            start = time.perf_counter()
+            first = train(params, tokenizer, sequences, data, folder, opts.steps, 1, device=device, make_model=make_model)
+            print(f"the defaults' first run in this process, untimed in the ratios: {first['tokens_per_s']:.0f} real "
+                  f"tokens/s ({time.perf_counter() - start:.0f} s)", flush=True)
         for name in names:
             changes, fp32_attention, implementation, arguments = CANDIDATES[name]
             if name in GPU_ONLY and not opts.gpu:
@@ -158,8 +183,9 @@ def main():
             def run(candidate, n):
                 if not candidate:
                     return train(params, tokenizer, sequences, data, folder, n, 1, device=device, make_model=make_model)
-                return train({**params, **changes}, tokenizer, sequences, data, folder, n, 1, fp32_attention,
-                             implementation, name == "full_last_layer", device, make_model, arguments)
+                with without_cudnn_attention() if name == "no_cudnn_attention" else contextlib.nullcontext():
+                    return train({**params, **changes}, tokenizer, sequences, data, folder, n, 1, fp32_attention,
+                                 implementation, name == "full_last_layer", device, make_model, arguments)
 
             try:
                 default, changed = side_by_side(run, opts.steps)

@@ -4,7 +4,7 @@ train.freeze_embeddings, the fused AdamW), in bf16 autocast and in fp32, each op
 sorted into a few kinds of work; and bf16 with the attention in fp32, as the train stage now trains
 where this CPU's bf16 attention is the slower (training/attention.py).
 
-    python -m bench.profile_step                 # both precisions, 10 profiled steps each after 3 untimed
+    python -m bench.profile_step                 # both precisions, 10 profiled steps each after 20 untimed (150 on a GPU)
     python -m bench.profile_step --steps 20 --threads 1 --compile   # compiled (train.compile) as a third column
     python -m bench.profile_step --gpu --model bert-base            # one GPU: kernel time, and GPU idle time
     python -m bench.profile_step --casts         # the casts' row split: weights and their gradients, the rest
@@ -86,7 +86,8 @@ KINDS = [
                                   "aten::_scaled_dot_product_efficient_attention_backward",
                                   "aten::_efficient_attention_forward", "aten::_efficient_attention_backward",
                                   "aten::_scaled_dot_product_cudnn_attention",
-                                  "aten::_scaled_dot_product_cudnn_attention_backward"}),
+                                  "aten::_scaled_dot_product_cudnn_attention_backward",
+                                  "aten::_cudnn_attention_forward", "aten::_cudnn_attention_backward"}),
     ("LayerNorm", {"aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::layer_norm"}),
     ("GELU", {"aten::gelu", "aten::gelu_backward"}),
     ("softmax", {"aten::_softmax", "aten::_softmax_backward_data", "aten::softmax"}),
@@ -265,9 +266,11 @@ def table(columns, gpu=False):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10, help="profiled optimizer steps (and as many timed unprofiled)")
-    parser.add_argument("--warmup", type=int, default=20,
-                        help="untimed steps first: on a CPU each new batch length's first bf16 step sets up oneDNN's "
-                             "kernels (with 2, bf16 looked 1.2x fp32 where 20 showed 1.7x)")
+    parser.add_argument("--warmup", type=int,
+                        help="untimed steps first (default 20, on a GPU 150): on a CPU each new batch length's first "
+                             "bf16 step sets up oneDNN's kernels (with 2, bf16 looked 1.2x fp32 where 20 showed 1.7x); "
+                             "on an H200 with 5, bf16 read 78 ms per step where the train stage's later steps take "
+                             "about 24 (most likely cuDNN's attention building a plan for each new batch shape)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--top", type=int, default=0, help="also list each run's N operations of most own time")
     parser.add_argument("--compile", action="store_true", help="add a column: bf16 compiled (train.compile)")
@@ -285,6 +288,8 @@ def main():
     if opts.threads:
         torch.set_num_threads(opts.threads)
     device = "cuda" if opts.gpu else "cpu"
+    if opts.warmup is None:
+        opts.warmup = 150 if opts.gpu else 20
     os.chdir(REPO)
     params = load_params("train", TRAIN_PARAMS)
     if opts.effective_batch_size:

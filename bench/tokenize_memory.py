@@ -40,9 +40,15 @@ LAUNCHER = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:
             "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
 
 
+def stage_environment(environ):
+    """The stage's environment: environ with the repo first on PYTHONPATH, and what PYTHONPATH held
+    after it (the GPU machine's packages are installed there: without them the stage cannot load MiniLM)."""
+    return dict(environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH")])))
+
+
 def stage_peak_rss(folder):
     """(peak resident memory in GB, wall seconds) of `python -m stages.tokenize` run in folder."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = stage_environment(os.environ)
     start = time.perf_counter()
     result = subprocess.run([sys.executable, "-c", LAUNCHER, sys.executable, "-m", "stages.tokenize"], cwd=folder,
                             env=env, capture_output=True, text=True)

@@ -4,13 +4,17 @@
 # come back. Prepare here with `bash ../shared/gpu/prepare.sh` (fills .gpu/), then on the machine,
 # from the project root, with .gpu carried along:
 #   bash scripts/gpu-speed.sh [STEP ...]      # default: every step, in this order
-# Steps (the most wanted first):
-#   profile-minilm  bench.profile_step --gpu: where a default MiniLM step's time goes, fp32 and bf16
-#   profile-base    the same for a bert-base-sized model at an effective batch of 256
-#   candidates      bench.candidates --gpu: torch.compile, CUDA graphs, padding-free batches, the full
-#                   last layer, each against the defaults side by side (MiniLM, the default batch)
-#   repro           the default `dvc repro` (its log holds the train stage's choices and speed)
-#   benchmark       python -m bench.benchmark --gpu --compile
+# Steps (the most wanted first), with the seconds each took on the H200 on 2026-12-04 where it ran then:
+#   candidates      bench.candidates --gpu: SDPA without cuDNN's kernel, fp32 (TF32), torch.compile, CUDA
+#                   graphs, padding-free batches, each against the defaults side by side (MiniLM, the
+#                   default batch), after one untimed run of the defaults (about 150 s)
+#   candidates-base the same for a bert-base-sized model at an effective batch of 256 (about 150 s)
+#   profile-minilm  bench.profile_step --gpu: where a default MiniLM step's time goes, fp32 and bf16, after
+#                   150 untimed steps: the first steps of each batch shape are slower (38 s with 5)
+#   profile-base    the same for the bert-base-sized model at an effective batch of 256 (43 s with 5)
+#   repro           the default `dvc repro` (113 s; its log holds the train stage's choices and speed)
+#   benchmark       python -m bench.benchmark --gpu (rows 1-5 took 275 s; a second call, as
+#                   `bash scripts/gpu-speed.sh benchmark`, where the first one's deadline cut it)
 # Logs go to $OUT (the device tool's folder), else a new folder under /tmp (its path printed); the deadline is
 # GPU_SPEED_SECONDS (default 570: under the device tool's 600 s per command).
 set -uo pipefail
@@ -20,7 +24,7 @@ mkdir -p "$out"
 echo "logs: $out"
 deadline=$(( $(date +%s) + ${GPU_SPEED_SECONDS:-570} ))
 [ -f .gpu/setup.sh ] && . .gpu/setup.sh >"$out/setup.log" 2>&1
-nvidia-smi >"$out/nvidia-smi.log" 2>&1
+nvidia-smi >>"$out/setup.log" 2>&1  # one file fewer: the device tool brings 8 back
 
 step() {  # step NAME SECONDS COMMAND...: COMMAND's output to $out/NAME.log, within SECONDS and the deadline
   local name=$1 limit=$2 left
@@ -38,17 +42,20 @@ step() {  # step NAME SECONDS COMMAND...: COMMAND's output to $out/NAME.log, wit
 
 run_step() {
   case $1 in
-    profile-minilm) step profile-minilm 120 python -m bench.profile_step --gpu --warmup 5 --steps 10 --top 12 ;;
-    profile-base) step profile-base 120 python -m bench.profile_step --gpu --model bert-base \
-                    --effective-batch-size 256 --warmup 5 --steps 10 --top 12 ;;
-    candidates) step candidates 240 python -m bench.candidates --gpu --steps 40 \
-                  --only compile cuda_graphs unpadded full_last_layer ;;
-    repro) step repro 150 dvc repro ;;
-    benchmark) step benchmark 240 python -m bench.benchmark --gpu --compile ;;
-    *) echo "unknown step $1 (profile-minilm, profile-base, candidates, repro, benchmark)" >&2; exit 2 ;;
+    candidates) step candidates 170 python -m bench.candidates --gpu --steps 40 \
+                  --only no_cudnn_attention fp32 compile cuda_graphs unpadded ;;
+    candidates-base) step candidates-base 170 python -m bench.candidates --gpu --steps 40 --model bert-base \
+                       --effective-batch-size 256 --only no_cudnn_attention unpadded fp32 compile ;;
+    profile-minilm) step profile-minilm 70 python -m bench.profile_step --gpu --steps 10 --top 12 ;;
+    profile-base) step profile-base 80 python -m bench.profile_step --gpu --model bert-base \
+                    --effective-batch-size 256 --steps 10 --top 12 ;;
+    repro) step repro 130 dvc repro ;;
+    benchmark) step benchmark 280 python -m bench.benchmark --gpu ;;
+    *) echo "unknown step $1 (candidates, candidates-base, profile-minilm, profile-base, repro, benchmark)" >&2
+       exit 2 ;;
   esac
 }
 
-for name in "${@:-profile-minilm profile-base candidates repro benchmark}"; do
+for name in "${@:-candidates candidates-base profile-minilm profile-base repro benchmark}"; do
   for one in $name; do run_step "$one"; done
 done

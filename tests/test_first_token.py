@@ -151,3 +151,18 @@ def test_choosing_again_checks_against_the_full_layer(batch):
     assert "head reads more" in first_token.choose(model, batch)
     assert "forward" not in vars(layer)
     assert F.softmax(model(**batch).logits, -1).shape == (6, 3)
+
+
+def test_choosing_after_transformers_set_tf32(batch):
+    """transformers sets TF32 through torch's fp32_precision (TrainingArguments' tf32, train.tf32 true as the
+    benchmark's defaults set it before choosing); the check then still runs, and puts the setting back."""
+    from transformers.utils.import_utils import enable_tf32
+    before = torch.backends.fp32_precision, torch.backends.cuda.matmul.fp32_precision
+    try:
+        enable_tf32.__wrapped__(True)  # lru_cached: once per process otherwise
+        with pytest.raises(RuntimeError):  # what the H200 run met: the older flag cannot be read now
+            torch.backends.cuda.matmul.allow_tf32
+        assert first_token.choose(tiny_bert(), batch).startswith("last layer: the first token only")
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    finally:
+        torch.backends.fp32_precision, torch.backends.cuda.matmul.fp32_precision = before

@@ -15,6 +15,7 @@ use (reads_first_token_only); a model whose head reads more than the first token
 whose layer is not BERT's keeps its full last layer, and the log says which.
 Not for padding-free batches (training/unpadded.py): there a row holds many texts, each with its [CLS].
 """
+import contextlib
 import functools
 import sys
 import types
@@ -111,24 +112,38 @@ def reads_first_token_only(model, layer, batch):
     """Whether the model's logits on `batch` with `layer` computing its first token only are its own
     logits (fp32, TF32 off, eval mode: dropout off): true of a head that reads the first token, and of a
     layer that is BERT's. The model is left as it was (its mode, the layer's full forward)."""
-    training, tf32 = model.training, torch.backends.cuda.matmul.allow_tf32
+    training = model.training
     device = next(model.parameters()).device
     batch = {key: value.to(device) for key, value in batch.items() if key != "labels"}
     model.eval()
-    torch.backends.cuda.matmul.allow_tf32 = False  # both sides in full fp32 precision
     try:
-        full = model(**batch).logits
-        enable(layer)
-        try:
-            cut = model(**batch).logits
-        except (AttributeError, RuntimeError, TypeError, ValueError):  # a part, mask or attention it cannot use
-            return False
-        finally:
-            disable(layer)
+        with full_fp32_matmuls():  # both sides in full fp32 precision
+            full = model(**batch).logits
+            enable(layer)
+            try:
+                cut = model(**batch).logits
+            except (AttributeError, RuntimeError, TypeError, ValueError):  # a part, mask or attention it cannot use
+                return False
+            finally:
+                disable(layer)
     finally:
         model.train(training)
-        torch.backends.cuda.matmul.allow_tf32 = tf32
     return cut.shape == full.shape and torch.allclose(cut, full, rtol=1e-4, atol=1e-5)
+
+
+@contextlib.contextmanager
+def full_fp32_matmuls():
+    """CUDA's fp32 matmuls without TF32 inside, restored after. Through torch's fp32_precision where torch
+    has it (2.9 on): once anything set that (transformers' tf32 setting does), reading the older
+    allow_tf32 raises a RuntimeError, while fp32_precision reads either."""
+    matmul = torch.backends.cuda.matmul
+    name, full = ("fp32_precision", "ieee") if hasattr(matmul, "fp32_precision") else ("allow_tf32", False)
+    before = getattr(matmul, name)
+    setattr(matmul, name, full)
+    try:
+        yield
+    finally:
+        setattr(matmul, name, before)
 
 
 def choose(model, batch, packed=False):
