@@ -21,7 +21,7 @@ from transformers import (
 )
 
 from bench.benchmark import time_training_steps
-from training import unpadded
+from training import first_token, unpadded
 from training.models import resolve_model
 
 LONG = " ".join(["the flight was awful and late again but the crew were great"] * 12)
@@ -118,7 +118,6 @@ def test_varlen_attn_on_the_gpu_encodes_as_the_padded_model(real_model, tiny_mod
     """The real kernel, as training on a GPU calls it (bf16 autocast, no attention dropout), against
     the padded model: each text's pooled encoding, which the classifier head reads. The logits of a
     random head are too small (~0.05) for bf16's rounding to be told from an error there."""
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # the fp32 reference in full fp32
     if real_model:
         torch.manual_seed(0)
         model = AutoModelForSequenceClassification.from_pretrained(resolve_model("minilm"), num_labels=3)
@@ -137,7 +136,8 @@ def test_varlen_attn_on_the_gpu_encodes_as_the_padded_model(real_model, tiny_mod
     packed_batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in unpadded.collate(batch).items()}
     model.bert.pooler.register_forward_hook(lambda module, args, out: pooled.append(out.float()))
     with torch.no_grad():
-        model(**padded_batch)  # fp32: what both bf16 paths approximate
+        with first_token.full_fp32_matmuls():  # fp32 without TF32: what both bf16 paths approximate
+            model(**padded_batch)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             model(**padded_batch)
             packed_logits = unpadded.UnpaddedClassifier(model)(**packed_batch).logits
