@@ -3,6 +3,7 @@
     python -m bench.benchmark                # CPU: the embedded MiniLM, about 5 minutes on 2 cores
     python -m bench.benchmark --gpu          # one GPU: a randomly initialised bert-base-sized model, bf16
     python -m bench.benchmark --repo PATH    # time the no-op `dvc repro` in an existing, reproduced repo
+    python -m bench.benchmark --gpu --training-only --compile   # rows 3-5 and 7 only: a lent GPU's minutes
 
 Prints six measurements (seven with --compile), each as a ratio against a baseline measured in
 the same run, so a busy machine slows both sides alike (the load average is printed too):
@@ -93,6 +94,9 @@ def parse_args():
     parser.add_argument("--compile", action="store_true",
                         help="add row 7: train.compile vs eager, side by side, with the embedded MiniLM at "
                              "params.yaml's train settings (a minute or more of compiling on a CPU)")
+    parser.add_argument("--training-only", action="store_true",
+                        help="the training rows only (3, 4, 5, the GPU's padding-free rows, and 7 with --compile): "
+                             "rows 1, 2 and 6 measure the CPU and dvc, and took 70 s of a lent H200's time")
     parser.add_argument("--effective-batch-size", type=int,
                         help="overrides train.effective_batch_size (GPU default 1024: at 32 a big GPU idles)")
     return parser.parse_args()
@@ -136,8 +140,9 @@ def main():
     if max_length == "auto":
         limit = model_limit(tokenizer, AutoConfig.from_pretrained(model_source))
         max_length = auto_max_length(lengths, tokenize["length_percentile"], limit)
-    report_tokenization(tokenizer, train_texts + test_texts, max_length)
-    if opts.tokenizer is None:  # the stage tokenizes with model.name's tokenizer, the embedded one
+    if not opts.training_only:
+        report_tokenization(tokenizer, train_texts + test_texts, max_length)
+    if opts.tokenizer is None and not opts.training_only:  # the stage tokenizes with model.name's tokenizer, the embedded one
         corpus_labels = [str(y) for y in labels] + ["0"] * len(test_texts)
         report_tokenize_memory(tokenize_memory(train_texts + test_texts, corpus_labels))
 
@@ -168,7 +173,8 @@ def main():
     report_flops(non_embedding_parameters(make_model()), ours, baseline, run["peaks"], precision, goals)
     if opts.gpu:
         report_unpadded(make_model, tokenizer, sequences, labels, run["batch"], dtype, params)
-    report_dvc(opts.repo, tokenizer)
+    if not opts.training_only:
+        report_dvc(opts.repo, tokenizer)
     if opts.compile:
         report_compile(*bench_compile(tokenizer, sequences, labels, stage_params, device, opts.steps, warmup),
                        opts.steps, stage_params)

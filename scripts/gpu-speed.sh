@@ -13,8 +13,9 @@
 #                   150 untimed steps: the first steps of each batch shape are slower (38 s with 5)
 #   profile-base    the same for the bert-base-sized model at an effective batch of 256 (43 s with 5)
 #   repro           the default `dvc repro` (113 s; its log holds the train stage's choices and speed)
-#   benchmark       python -m bench.benchmark --gpu (rows 1-5 took 275 s; a second call, as
-#                   `bash scripts/gpu-speed.sh benchmark`, where the first one's deadline cut it)
+#   benchmark       python -m bench.benchmark --gpu --training-only --compile: rows 3-5, the padding-free
+#                   rows and row 7, compile's cost (rows 3-5 and padding-free took about 205 s); a
+#                   second call, as `bash scripts/gpu-speed.sh benchmark`, where the first one's deadline cut it
 # Logs go to $OUT (the device tool's folder), else a new folder under /tmp (its path printed); the deadline is
 # GPU_SPEED_SECONDS (default 570: under the device tool's 600 s per command).
 set -uo pipefail
@@ -50,7 +51,7 @@ run_step() {
     profile-base) step profile-base 80 python -m bench.profile_step --gpu --model bert-base \
                     --effective-batch-size 256 --steps 10 --top 12 ;;
     repro) step repro 130 dvc repro ;;
-    benchmark) step benchmark 280 python -m bench.benchmark --gpu ;;
+    benchmark) step benchmark 280 python -m bench.benchmark --gpu --training-only --compile ;;
     *) echo "unknown step $1 (candidates, candidates-base, profile-minilm, profile-base, repro, benchmark)" >&2
        exit 2 ;;
   esac
