@@ -29,11 +29,11 @@ bf16 attention is the slower (training/attention.py). Candidates (each alone, th
   FlashAttention's (pytorch#191576): a default MiniLM step on the H200 is bound by its launches.
 With --gpu the same on one GPU (in bf16 there, as the train stage trains), at train.effective_batch_size
 unless --effective-batch-size says otherwise; --model bert-base trains a randomly initialised
-bert-base-sized model instead of MiniLM. On a GPU the defaults train once untimed before the first
-candidate: the first run in a process pays for every batch shape's first time (most likely cuDNN's
-attention plans), and the side that ran it would look slower (the H200 run of 2026-12-04 read compile as 2.09x against
-defaults that were 1.8x slower than the same defaults later). A candidate that fails prints its error in
-a line and the others run.
+bert-base-sized model instead of MiniLM. The defaults train once before the first candidate, outside
+the ratios: the first run in a process is the slower, and the side that ran it would look slower too.
+On the H200 on 2026-12-04 compile read 2.09x against defaults 1.8x slower than the same defaults later
+(each batch shape's first step, most likely cuDNN's attention plans); on the AMX CPU a first run was
+5-10% slower than the next ones. A candidate that fails prints its error in a line and the others run.
 """
 import argparse
 import contextlib
@@ -168,11 +168,10 @@ def main():
     names = opts.only or [n for n in CANDIDATES if opts.gpu or n not in GPU_ONLY]
     with tempfile.TemporaryDirectory() as folder:
         data = dataset(folder, "train", sequences, labels)
-        if opts.gpu:
-            start = time.perf_counter()
-            first = train(params, tokenizer, sequences, data, folder, opts.steps, 1, device=device, make_model=make_model)
-            print(f"the defaults' first run in this process, untimed in the ratios: {first['tokens_per_s']:.0f} real "
-                  f"tokens/s ({time.perf_counter() - start:.0f} s)", flush=True)
+        start = time.perf_counter()
+        first = train(params, tokenizer, sequences, data, folder, opts.steps, 1, device=device, make_model=make_model)
+        print(f"the defaults' first run in this process, not in the ratios: {first.summary()['tokens_per_s']:.0f} "
+              f"real tokens/s ({time.perf_counter() - start:.0f} s)", flush=True)
         for name in names:
             changes, fp32_attention, implementation, arguments = CANDIDATES[name]
             if name in GPU_ONLY and not opts.gpu:
