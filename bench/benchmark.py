@@ -142,9 +142,9 @@ def main():
         max_length = auto_max_length(lengths, tokenize["length_percentile"], limit)
     if not opts.training_only:
         report_tokenization(tokenizer, train_texts + test_texts, max_length)
-    if opts.tokenizer is None and not opts.training_only:  # the stage tokenizes with model.name's tokenizer, the embedded one
-        corpus_labels = [str(y) for y in labels] + ["0"] * len(test_texts)
-        report_tokenize_memory(tokenize_memory(train_texts + test_texts, corpus_labels))
+        if opts.tokenizer is None:  # the stage tokenizes with model.name's tokenizer, the embedded one
+            corpus_labels = [str(y) for y in labels] + ["0"] * len(test_texts)
+            report_tokenize_memory(tokenize_memory(train_texts + test_texts, corpus_labels))
 
     dtype = autocast_dtype(params["mixed_precision"], device)
     peak_dtype = dtype or torch.float32

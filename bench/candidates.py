@@ -45,6 +45,7 @@ import tempfile
 import time
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoTokenizer
 from transformers import logging as hf_logging
 
@@ -93,16 +94,8 @@ CANDIDATES = {
 }
 GPU_ONLY = {"cuda_graphs", "no_cudnn_attention"}
 
-
-@contextlib.contextmanager
-def without_cudnn_attention():
-    """SDPA picks among its other CUDA kernels inside; cuDNN's is allowed again after."""
-    before = torch.backends.cuda.cudnn_sdp_enabled()
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.enable_cudnn_sdp(before)
+# every SDPA kernel except cuDNN's, for no_cudnn_attention (torch's sdpa_kernel puts the previous choice back after)
+WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def train(params, tokenizer, sequences, data, folder, steps, warmup, fp32_attention=None, implementation=None,
@@ -182,7 +175,7 @@ def main():
             def run(candidate, n):
                 if not candidate:
                     return train(params, tokenizer, sequences, data, folder, n, 1, device=device, make_model=make_model)
-                with without_cudnn_attention() if name == "no_cudnn_attention" else contextlib.nullcontext():
+                with sdpa_kernel(WITHOUT_CUDNN) if name == "no_cudnn_attention" else contextlib.nullcontext():
                     return train({**params, **changes}, tokenizer, sequences, data, folder, n, 1, fp32_attention,
                                  implementation, name == "full_last_layer", device, make_model, arguments)
 
