@@ -85,6 +85,8 @@ CANDIDATES = {
     "compile": ({"compile": True}, None, None, {}),
     "compile_fp32_attention": ({"compile": True}, True, None, {}),
     "cuda_graphs": ({"compile": True}, None, None, {"torch_compile_mode": "reduce-overhead"}),
+    # Inductor's autotuning of each matmul among ATen's and its own C++ GEMM templates (AMX micro-kernels on a CPU)
+    "max_autotune": ({"compile": True}, None, None, {"torch_compile_mode": "max-autotune-no-cudagraphs"}),
     "foreach_adamw": ({"fused_adamw": False}, None, None, {}),
     "micro_batch_16": ({"batch_size": 16}, None, None, {}),
     "effective_64": ({"batch_size": 64, "effective_batch_size": 64}, None, None, {}),
