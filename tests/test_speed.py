@@ -1,6 +1,8 @@
 """Correctness of the speed features: dynamic padding, length grouping, the batch-size finder,
 max_length auto and the throughput counters. Speed itself is measured by bench/benchmark.py."""
 import dataclasses
+import logging
+import logging.handlers
 import os
 import subprocess
 import sys
@@ -9,7 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, AutoModelForSequenceClassification, DataCollatorWithPadding, TrainerCallback
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    DataCollatorWithPadding,
+    TrainerCallback,
+    TrainingArguments,
+)
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from bench.training import defaults_vs_fp32, times_bf16
@@ -18,7 +26,7 @@ from predicting.inference import make_collator
 from reading.tokens import auto_max_length, model_limit, pack_sequences, unpack_sequences
 from stages.train import MACHINE_PARAMS, TRAIN_PARAMS
 from training import allocator, attention, compiling, precision
-from training.arguments import training_arguments
+from training.arguments import AMPERE_WARNING, training_arguments
 from training.batch_size import choose_batch_size, cuda_fits, find_batch_size, memory_budget
 from training.data import TokenizedDataset
 from training.precision import BF16_MIN_SPEEDUP, gpu_autocast_dtype, precision_note
@@ -324,6 +332,24 @@ def test_compile_auto_stays_eager_on_a_cpu_without_a_cpp_compiler(setting, steps
     chosen, line = compiling.choose(setting, "cpu", "AMX", "bfloat16", steps, measured, compiler=False)
     assert chosen is compiled
     assert says in line, line
+
+
+def test_a_compiled_cpu_run_is_not_told_that_compiling_needs_an_ampere_gpu(tmp_path):
+    """transformers warns that torch.compile gains little without an Ampere GPU whenever it is on without TF32;
+    on a CPU the stage's own line says what was measured there, so the stage's settings drop that warning.
+    TrainingArguments built directly afterwards still warn: the filter is gone, and the warning is
+    transformers' own (were it reworded, this would fail here rather than pass silently)."""
+    logger = logging.getLogger("transformers.training_args")  # a handler there sees what its filters let through
+    seen = logging.handlers.BufferingHandler(capacity=1000)
+    logger.addHandler(seen)
+    try:
+        args = training_arguments(train_params(compile=True), MACHINE, str(tmp_path), "cpu", 8, 1)
+        assert args.torch_compile
+        assert not [r for r in seen.buffer if "Ampere" in r.getMessage()]
+        TrainingArguments(output_dir=str(tmp_path), use_cpu=True, torch_compile=True, report_to="none")
+        assert [r for r in seen.buffer if r.getMessage().startswith(AMPERE_WARNING)]
+    finally:
+        logger.removeHandler(seen)
 
 
 @pytest.mark.parametrize("cxx", [None, "/nonexistent/g++"])
