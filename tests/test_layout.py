@@ -3,6 +3,7 @@ by concern that never import a stage nor each other in a circle, and each stage'
 exactly the project modules its command imports, transitively. A helper edited without its stage
 rerunning would leave stale cached results that nobody notices: the deps test is what prevents that."""
 import ast
+import os
 import re
 from pathlib import Path
 
@@ -130,3 +131,30 @@ def test_the_shared_code_never_imports_a_stage_or_a_tool_and_its_folders_form_no
 def test_no_shared_module_is_past_what_one_reads_in_a_sitting(folder):
     long = {p.name: n for p in (REPO / folder).glob("*.py") if (n := len(p.read_text().splitlines())) > 320}
     assert not long, f"{folder}/: split these by concern: {long}"
+
+
+def project_files(*suffixes):
+    """The project's own files with these suffixes: not in hidden folders (the virtualenv's, git's, DVC's)."""
+    found = []
+    for folder, subfolders, files in os.walk(REPO):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+        found += [Path(folder, name) for name in files if Path(name).suffix in suffixes]
+    return found
+
+
+def test_every_document_the_project_points_to_exists():
+    """The README's and the docs' relative links, and every docs/<name>.md that code, settings or docs name
+    (a docstring's "docs/speed.md, The memory allocator"), are files in the repository: docs split or
+    renamed leave no reader at a missing page."""
+    missing = []
+    for markdown in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", markdown.read_text()):
+            if re.match(r"[a-z]+:|#", target):  # a web address or an anchor in the same page
+                continue
+            if not (markdown.parent / target.split("#")[0]).exists():
+                missing.append(f"{markdown.relative_to(REPO)} links to {target}")
+    for source in project_files(".py", ".md", ".yaml", ".sh", ".ipynb"):
+        for name in set(re.findall(r"\bdocs/[\w.-]+\.md\b", source.read_text(errors="replace"))):
+            if not (REPO / name).is_file():
+                missing.append(f"{source.relative_to(REPO)} names {name}")
+    assert not missing, missing
