@@ -37,7 +37,6 @@ On the H200 on 2026-12-04 compile read 2.09x against defaults 1.8x slower than t
 """
 import argparse
 import contextlib
-import dataclasses
 import functools
 import os
 import sys
@@ -70,7 +69,7 @@ from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from stages.train import TRAIN_PARAMS
 from training import attention, compiling, first_token, unpadded
-from training.arguments import training_arguments
+from training.arguments import replace_arguments, training_arguments
 from training.batch_size import pick_batch_size
 from training.models import resolve_model
 from training.precision import autocast_dtype, cpu_isa
@@ -114,7 +113,7 @@ def train(params, tokenizer, sequences, data, folder, steps, warmup, fp32_attent
                                              params["mixed_precision"], device)
     if fp32_attention is None:
         fp32_attention, _ = attention.choose(model, device, autocast_dtype(params["mixed_precision"], device), packed)
-    args = dataclasses.replace(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation),
+    args = replace_arguments(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation),
                                **QUIET, save_strategy="no", **(arguments or {}))
     if fp32_attention:
         model.set_attn_implementation(attention.NAME)

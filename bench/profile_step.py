@@ -30,7 +30,6 @@ back to fp32: what keeping the weights in bf16 with fp32 master copies would cha
 (activations and their gradients, as the fp32 attention's q, k, v cast up and its output cast down).
 """
 import argparse
-import dataclasses
 import functools
 import os
 import sys
@@ -63,7 +62,7 @@ from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from stages.train import TRAIN_PARAMS
 from training import attention, compiling, first_token
-from training.arguments import training_arguments
+from training.arguments import replace_arguments, training_arguments
 from training.batch_size import pick_batch_size
 from training.models import resolve_model
 from training.precision import cpu_isa
@@ -226,7 +225,7 @@ def profile(params, sequences, labels, tokenizer, folder, bf16, compiled, warmup
     first_token.choose(model, first_token.check_batch(collator, sequences))  # as the stage trains
     batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"],
                                              params["effective_batch_size"], bf16, device)
-    args = dataclasses.replace(training_arguments({**params, "mixed_precision": False, "compile": compiled},
+    args = replace_arguments(training_arguments({**params, "mixed_precision": False, "compile": compiled},
                                                   NO_CHECKPOINTS, folder, device, batch, accumulation),
                                **QUIET, save_strategy="no", bf16=bf16, max_steps=warmup + 2 * steps + 1)
     callback = ProfileSteps(warmup, steps, gpu, shapes=casts)

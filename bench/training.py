@@ -1,7 +1,6 @@
 """Rows 3, 4 and 7, and the GPU's padded against padding-free batches: training throughput of the train
 stage's settings against the usual recipe, in bf16 against fp32, compiled against eager, each side by
 side in one run so that the machine's load affects both alike."""
-import dataclasses
 import tempfile
 import time
 
@@ -26,7 +25,7 @@ from bench.common import (
 from bench.flops import PeakSampler
 from predicting.inference import make_collator
 from training import attention, compiling, first_token, unpadded
-from training.arguments import training_arguments
+from training.arguments import replace_arguments, training_arguments
 from training.batch_size import pick_batch_size
 from training.precision import autocast_dtype, cpu_bf16_speedup
 from training.speed import CountingTrainer, Throughput, peak_memory
@@ -51,7 +50,7 @@ def run_steps(model, args, train_set, collator, steps, warmup, measure_peak=None
     """(throughput over `steps` optimizer steps after `warmup` untimed ones (allocator, kernels),
     matmul peaks measured during those steps when measure_peak is given)."""
     meter = Throughput()
-    trainer = CountingTrainer(model=model, args=dataclasses.replace(args, max_steps=warmup),
+    trainer = CountingTrainer(model=model, args=replace_arguments(args, max_steps=warmup),
                               train_dataset=train_set, data_collator=collator, throughput=meter,
                               callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)  # it prints each run's summary: noise here
@@ -85,7 +84,7 @@ def bench_training(make_model, tokenizer, data, params, device, steps, baseline_
                                                        params["effective_batch_size"],
                                                        params["mixed_precision"], device)
         # no checkpoints: writing them would be timed as training
-        args = dataclasses.replace(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation), **QUIET,
+        args = replace_arguments(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation), **QUIET,
                                    save_strategy="no")
         ours, peaks = run_steps(model, args, dataset(folder, "ours", sequences, labels),
                                 make_collator(tokenizer, device), steps, warmup, measure_peak,
@@ -123,7 +122,7 @@ def bench_precision(make_model, tokenizer, sequences, labels, params, device, st
                                                      params["effective_batch_size"], bf16, device)
             # bf16 set here, not through train.mixed_precision: the train stage uses it on a CPU only
             # where it measured bf16 faster, and this row is that measurement for training as a whole
-            args = dataclasses.replace(training_arguments({**params, "mixed_precision": False}, NO_CHECKPOINTS, folder, device,
+            args = replace_arguments(training_arguments({**params, "mixed_precision": False}, NO_CHECKPOINTS, folder, device,
                                                           batch, accumulation), **QUIET, save_strategy="no", bf16=bf16)
             meter = run_steps(model, args, data, make_collator(tokenizer, device), n, warmup,
                               callbacks=stage_callbacks(model, args, tokenizer, sequences))[0]
@@ -138,7 +137,7 @@ def train_as_the_stage(model, params, tokenizer, sequences, data, folder, device
     (its batch size picked as the stage picks it), without checkpoints, which would be timed."""
     batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"], params["effective_batch_size"],
                                              params["mixed_precision"], device)
-    args = dataclasses.replace(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation), **QUIET,
+    args = replace_arguments(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation), **QUIET,
                                save_strategy="no")
     meter = run_steps(model, args, data, make_collator(tokenizer, device), steps, warmup,
                       callbacks=stage_callbacks(model, args, tokenizer, sequences))[0]

@@ -26,7 +26,7 @@ from predicting.inference import make_collator
 from reading.tokens import auto_max_length, model_limit, pack_sequences, unpack_sequences
 from stages.train import MACHINE_PARAMS, TRAIN_PARAMS
 from training import allocator, attention, compiling, precision
-from training.arguments import AMPERE_WARNING, training_arguments
+from training.arguments import AMPERE_WARNING, replace_arguments, training_arguments
 from training.batch_size import choose_batch_size, cuda_fits, find_batch_size, memory_budget
 from training.data import TokenizedDataset
 from training.precision import BF16_MIN_SPEEDUP, gpu_autocast_dtype, precision_note
@@ -336,18 +336,23 @@ def test_compile_auto_stays_eager_on_a_cpu_without_a_cpp_compiler(setting, steps
 
 def test_a_compiled_cpu_run_is_not_told_that_compiling_needs_an_ampere_gpu(tmp_path):
     """transformers warns that torch.compile gains little without an Ampere GPU whenever it is on without TF32;
-    on a CPU the stage's own line says what was measured there, so the stage's settings drop that warning.
-    TrainingArguments built directly afterwards still warn: the filter is gone, and the warning is
-    transformers' own (were it reworded, this would fail here rather than pass silently)."""
+    on a CPU the stage's own line says what was measured there, so the stage's settings drop that warning,
+    and so do the bench tools' changes to them (replace_arguments: dataclasses.replace builds them again).
+    Built directly afterwards, or replaced with dataclasses.replace, they still warn: the filter is gone,
+    and the warning is transformers' own (were it reworded, this would fail here rather than pass silently)."""
     logger = logging.getLogger("transformers.training_args")  # a handler there sees what its filters let through
     seen = logging.handlers.BufferingHandler(capacity=1000)
     logger.addHandler(seen)
     try:
         args = training_arguments(train_params(compile=True), MACHINE, str(tmp_path), "cpu", 8, 1)
         assert args.torch_compile
+        changed = replace_arguments(args, max_steps=3)
+        assert changed.torch_compile and changed.max_steps == 3
         assert not [r for r in seen.buffer if "Ampere" in r.getMessage()]
+        dataclasses.replace(args, max_steps=3)
+        assert len([r for r in seen.buffer if r.getMessage().startswith(AMPERE_WARNING)]) == 1
         TrainingArguments(output_dir=str(tmp_path), use_cpu=True, torch_compile=True, report_to="none")
-        assert [r for r in seen.buffer if r.getMessage().startswith(AMPERE_WARNING)]
+        assert len([r for r in seen.buffer if r.getMessage().startswith(AMPERE_WARNING)]) == 2
     finally:
         logger.removeHandler(seen)
 

@@ -1,4 +1,5 @@
 """Trainer's settings (TrainingArguments) from the train (or pretrain) and machine sections of params.yaml."""
+import dataclasses
 import logging
 from contextlib import contextmanager
 
@@ -34,6 +35,13 @@ def without_ampere_warning(device):
     finally:
         if drop:
             logger.removeFilter(drop)
+
+
+def replace_arguments(args, **changes):
+    """dataclasses.replace for TrainingArguments, which builds them again (and warns again): without the
+    Ampere warning on a CPU, as training_arguments built them (the bench tools change a few settings)."""
+    with without_ampere_warning("cpu" if changes.get("use_cpu", args.use_cpu) else "cuda"):
+        return dataclasses.replace(args, **changes)
 
 
 def training_arguments(params, machine, output_dir, device, batch_size, accumulation):
