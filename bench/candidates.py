@@ -114,7 +114,7 @@ def train(params, tokenizer, sequences, data, folder, steps, warmup, fp32_attent
     if fp32_attention is None:
         fp32_attention, _ = attention.choose(model, device, autocast_dtype(params["mixed_precision"], device), packed)
     args = replace_arguments(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation),
-                               **QUIET, save_strategy="no", **(arguments or {}))
+                             **QUIET, save_strategy="no", **(arguments or {}))
     if fp32_attention:
         model.set_attn_implementation(attention.NAME)
     callbacks = [compiling.EveryShapeAtOnce()] if params["compile"] is True else []  # as the stage compiles

@@ -226,8 +226,8 @@ def profile(params, sequences, labels, tokenizer, folder, bf16, compiled, warmup
     batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"],
                                              params["effective_batch_size"], bf16, device)
     args = replace_arguments(training_arguments({**params, "mixed_precision": False, "compile": compiled},
-                                                  NO_CHECKPOINTS, folder, device, batch, accumulation),
-                               **QUIET, save_strategy="no", bf16=bf16, max_steps=warmup + 2 * steps + 1)
+                                                NO_CHECKPOINTS, folder, device, batch, accumulation),
+                             **QUIET, save_strategy="no", bf16=bf16, max_steps=warmup + 2 * steps + 1)
     callback = ProfileSteps(warmup, steps, gpu, shapes=casts)
     if fp32_attention:
         model.set_attn_implementation(attention.NAME)

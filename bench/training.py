@@ -85,7 +85,7 @@ def bench_training(make_model, tokenizer, data, params, device, steps, baseline_
                                                        params["mixed_precision"], device)
         # no checkpoints: writing them would be timed as training
         args = replace_arguments(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation), **QUIET,
-                                   save_strategy="no")
+                                 save_strategy="no")
         ours, peaks = run_steps(model, args, dataset(folder, "ours", sequences, labels),
                                 make_collator(tokenizer, device), steps, warmup, measure_peak,
                                 stage_callbacks(model, args, tokenizer, sequences))
@@ -123,7 +123,7 @@ def bench_precision(make_model, tokenizer, sequences, labels, params, device, st
             # bf16 set here, not through train.mixed_precision: the train stage uses it on a CPU only
             # where it measured bf16 faster, and this row is that measurement for training as a whole
             args = replace_arguments(training_arguments({**params, "mixed_precision": False}, NO_CHECKPOINTS, folder, device,
-                                                          batch, accumulation), **QUIET, save_strategy="no", bf16=bf16)
+                                                        batch, accumulation), **QUIET, save_strategy="no", bf16=bf16)
             meter = run_steps(model, args, data, make_collator(tokenizer, device), n, warmup,
                               callbacks=stage_callbacks(model, args, tokenizer, sequences))[0]
             free_gpu()
@@ -138,7 +138,7 @@ def train_as_the_stage(model, params, tokenizer, sequences, data, folder, device
     batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"], params["effective_batch_size"],
                                              params["mixed_precision"], device)
     args = replace_arguments(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation), **QUIET,
-                               save_strategy="no")
+                             save_strategy="no")
     meter = run_steps(model, args, data, make_collator(tokenizer, device), steps, warmup,
                       callbacks=stage_callbacks(model, args, tokenizer, sequences))[0]
     free_gpu()
