@@ -14,7 +14,9 @@ from safetensors.torch import load_file, save_file
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
+    BertConfig,
     DataCollatorWithPadding,
+    PretrainedConfig,
     TrainerCallback,
     TrainingArguments,
 )
@@ -391,6 +393,43 @@ def test_the_run_steps_are_trainers_count():
 def test_attention_runs_in_fp32_only_on_a_cpu_whose_bf16_attention_is_slower(device, dtype, implementation, speedup,
                                                                            fp32):
     assert attention.attention_in_fp32(device, dtype, implementation, speedup) is fp32
+
+
+@pytest.mark.parametrize("lengths, expected", [
+    ([10] * 100, 10),
+    ([30, 10, 10, 10], 30),      # the median text is 10 tokens, but 30's attention is 9 of the 12 parts of the work
+    ([10] * 9 + [100], 100),     # one long text: 10,000 of 10,900
+    ([64] * 90 + [512] * 10, 512),
+    ([64] * 99 + [512], 64),     # 262,144 of 667,648: the short ones are most of the work
+])
+def test_the_attention_probes_length_is_where_the_attention_work_is(lengths, expected):
+    assert attention.attention_length(lengths) == expected
+
+
+def test_the_attention_probe_takes_the_models_heads_and_head_size():
+    lengths = [12] * 3 + [40] * 5
+    assert attention.probe_shape(BertConfig(hidden_size=768, num_attention_heads=12), lengths) == (12, 64, 40)
+    assert attention.probe_shape(BertConfig(hidden_size=64, num_attention_heads=4), lengths) == (4, 16, 40)
+    named = PretrainedConfig(hidden_size=512, num_attention_heads=8, head_dim=80)  # a head size of its own
+    assert attention.probe_shape(named, lengths) == (8, 80, 40)
+    assert attention.probe_shape(PretrainedConfig(), lengths) == (12, 32, 40)  # names neither: MiniLM's
+
+
+def test_the_stage_measures_the_attention_at_the_runs_shapes_and_says_which(tiny_model_dir):
+    """On a CPU in bf16 the log names the shapes the probe timed, computed here by hand from the tiny model's
+    config (hidden 32, 2 heads) and the lengths; where nothing could change (fp32, a GPU) nothing is timed."""
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
+    model.set_attn_implementation("sdpa")
+    heads = model.config.num_attention_heads
+    size = model.config.hidden_size // heads
+    in_fp32, note = attention.choose(model, "cpu", torch.bfloat16, False, [5, 7, 24, 24])
+    assert note.endswith(f"as fast as fp32 here, {heads} heads of {size} at 24 tokens)"), note
+    assert note.startswith("; attention in fp32 (bf16 attention measured " if in_fp32 else "; attention in bf16 (measured ")
+    attention.bf16_attention_speedup.cache_clear()
+    assert attention.choose(model, "cpu", None, False, [24]) == (False, "")
+    assert attention.choose(model, "cuda", torch.bfloat16, False, [24]) == (False, "")
+    assert attention.choose(model, "cpu", torch.bfloat16, True, [24]) == (False, "")  # padding-free batches
+    assert attention.bf16_attention_speedup.cache_info().misses == 0
 
 
 def test_fp32_attention_computes_softmax_attention_in_fp32_and_trains_with_it(tiny_model_dir, tokenizer, tmp_path):

@@ -9,14 +9,19 @@ attention runs in fp32: registered with transformers' AttentionInterface as "sdp
 function and its masks, autocast off around it, q, k, v cast up and the output cast back), and
 switched on while the model trains, evaluates and predicts (in_fp32), so that the saved model's config
 still says "sdpa". Which precision is faster is measured on the machine (bf16_attention_speedup), as for
-the matmuls. A run that trained so says it in pipeline.json (fp32_attention), and its test rows are
-predicted so (predicting/inference.py), as its validation rows were: the same outputs (not for speed:
-predicting runs the forward pass only, where bf16 attention is not the slow part).
+the matmuls, at the run's own shapes: the model's heads and head size, and the length at which the run's
+texts spend most of their attention work (attention_length). It depends on them: on a Xeon with AMX bf16
+attention was 0.14x fp32 for MiniLM's 12 heads of 32 at 48 tokens, but 1.30x for bert-base's 12 heads of 64
+at 512 tokens, where a whole bert-base training step was 1.11x faster with it (docs/speed.md).
+A run that trained so says it in pipeline.json (fp32_attention), and its test rows are predicted so
+(predicting/inference.py), as its validation rows were: the same outputs (not for speed: predicting
+runs the forward pass only, where bf16 attention is not the slow part).
 """
 import functools
 import time
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -51,11 +56,35 @@ def attention_in_fp32(device, autocast_dtype, attn_implementation, bf16_speedup)
             and bf16_speedup is not None and bf16_speedup < SLOWER_THAN)
 
 
+PROBE_TOKENS = 384  # tokens in the probe's batch (8 texts of 48 at MiniLM's length), at least 2 texts
+
+
+def attention_length(lengths):
+    """The text length at which a run spends the middle of its attention work: the median of the texts'
+    lengths with each text weighted by its length squared (attention's work grows with the square of a
+    text's length), so that a tail of long texts counts as much as it costs."""
+    ordered = np.sort(np.asarray(lengths, dtype=np.int64))
+    work = np.cumsum(ordered.astype(np.float64) ** 2)
+    return int(ordered[np.searchsorted(work, work[-1] / 2)])
+
+
+def probe_shape(config, lengths):
+    """(heads, head size, length) for bf16_attention_speedup: the model's (its config's head_dim, else
+    hidden_size / heads) and attention_length(lengths)."""
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None) or (getattr(config, "hidden_size", 0) // heads if heads else None)
+    if not heads or not head_dim:  # a config that names neither: MiniLM's, what the probe measured before
+        heads, head_dim = 12, 32
+    return heads, head_dim, attention_length(lengths)
+
+
 @functools.lru_cache(maxsize=None)
-def bf16_attention_speedup(batch=8, heads=12, length=48, head_dim=32, burst_seconds=0.05):
+def bf16_attention_speedup(heads=12, head_dim=32, length=48, burst_seconds=0.05):
     """How many times faster this CPU trains through scaled_dot_product_attention (forward and backward,
-    with a padding mask) in bf16 than in fp32, in a fraction of a second: the best of three interleaved
-    bursts each. In a multi-process run all take the slowest ratio (a collective, like cpu_bf16_speedup)."""
+    with a padding mask) in bf16 than in fp32, at these shapes (a batch of PROBE_TOKENS tokens), in a
+    fraction of a second: the best of three interleaved bursts each. In a multi-process run all take the
+    slowest ratio (a collective, like cpu_bf16_speedup)."""
+    batch = max(2, PROBE_TOKENS // length)
     rates = {torch.float32: 0.0, torch.bfloat16: 0.0}
     mask = torch.ones(batch, 1, length, length, dtype=torch.bool)
     mask[: batch // 2, :, :, length // 2:] = False  # half the texts padded to twice their length
@@ -76,9 +105,10 @@ def bf16_attention_speedup(batch=8, heads=12, length=48, head_dim=32, burst_seco
     return across_processes([rates[torch.bfloat16] / rates[torch.float32]], "min")[0]
 
 
-def measured_speedup(device, dtype, packed=False):
-    """bf16_attention_speedup where it could matter (a CPU training in bf16, padded batches), else None."""
-    return bf16_attention_speedup() if device == "cpu" and dtype == torch.bfloat16 and not packed else None
+def measured_speedup(device, dtype, packed, shape):
+    """bf16_attention_speedup at `shape` (probe_shape's) where it could matter (a CPU training in bf16,
+    padded batches), else None."""
+    return bf16_attention_speedup(*shape) if device == "cpu" and dtype == torch.bfloat16 and not packed else None
 
 
 @contextmanager
@@ -101,12 +131,17 @@ def predicted_in_fp32(trained_in_fp32, device, dtype):
     return bool(trained_in_fp32) and device == "cpu" and dtype == torch.bfloat16
 
 
-def choose(model, device, dtype, packed):
+def choose(model, device, dtype, packed, lengths):
     """(whether this run trains its attention in fp32, a note for the log): attention_in_fp32 with the
-    speedup measured here when it could matter (a CPU in bf16); never for padding-free batches
-    (training.unpadded has its own attention path)."""
-    implementation = getattr(model.config, "_attn_implementation", None)
-    measured = measured_speedup(device, dtype, packed)
-    if not attention_in_fp32(device, dtype, implementation, measured):
+    speedup measured here at the run's shapes (the model's heads, its texts' `lengths`) when it could
+    matter (a CPU in bf16); never for padding-free batches (training.unpadded has its own attention path)."""
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
         return False, ""
-    return True, f"; attention in fp32 (bf16 attention measured {measured:.2f}x as fast as fp32 here)"
+    shape = probe_shape(model.config, lengths)
+    measured = measured_speedup(device, dtype, packed, shape)
+    if measured is None:
+        return False, ""
+    where = f"as fast as fp32 here, {shape[0]} heads of {shape[1]} at {shape[2]} tokens"
+    if not attention_in_fp32(device, dtype, "sdpa", measured):
+        return False, f"; attention in bf16 (measured {measured:.2f}x {where})"
+    return True, f"; attention in fp32 (bf16 attention measured {measured:.2f}x {where})"
