@@ -105,10 +105,9 @@ def bf16_attention_speedup(heads=12, head_dim=32, length=48, burst_seconds=0.05)
     return across_processes([rates[torch.bfloat16] / rates[torch.float32]], "min")[0]
 
 
-def measured_speedup(device, dtype, packed, shape):
-    """bf16_attention_speedup at `shape` (probe_shape's) where it could matter (a CPU training in bf16,
-    padded batches), else None."""
-    return bf16_attention_speedup(*shape) if device == "cpu" and dtype == torch.bfloat16 and not packed else None
+def could_matter(device, dtype, packed):
+    """Whether the attention's precision is a choice to measure: a CPU training in bf16, padded batches."""
+    return device == "cpu" and dtype == torch.bfloat16 and not packed
 
 
 @contextmanager
@@ -135,12 +134,10 @@ def choose(model, device, dtype, packed, lengths):
     """(whether this run trains its attention in fp32, a note for the log): attention_in_fp32 with the
     speedup measured here at the run's shapes (the model's heads, its texts' `lengths`) when it could
     matter (a CPU in bf16); never for padding-free batches (training.unpadded has its own attention path)."""
-    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+    if getattr(model.config, "_attn_implementation", None) != "sdpa" or not could_matter(device, dtype, packed):
         return False, ""
     shape = probe_shape(model.config, lengths)
-    measured = measured_speedup(device, dtype, packed, shape)
-    if measured is None:
-        return False, ""
+    measured = bf16_attention_speedup(*shape)
     where = f"as fast as fp32 here, {shape[0]} heads of {shape[1]} at {shape[2]} tokens"
     if not attention_in_fp32(device, dtype, "sdpa", measured):
         return False, f"; attention in bf16 (measured {measured:.2f}x {where})"
