@@ -416,15 +416,19 @@ def test_the_attention_probe_takes_the_models_heads_and_head_size():
 
 
 def test_the_stage_measures_the_attention_at_the_runs_shapes_and_says_which(tiny_model_dir):
-    """On a CPU in bf16 the log names the shapes the probe timed, computed here by hand from the tiny model's
-    config (hidden 32, 2 heads) and the lengths; where nothing could change (fp32, a GPU) nothing is timed."""
+    """On a CPU in bf16 the probe times the run's shapes, computed here by hand from the tiny model's config and
+    the lengths (its answer is then cached for exactly those), and the log names them; where nothing could
+    change (fp32, a GPU, padding-free batches) nothing is timed."""
     model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
     model.set_attn_implementation("sdpa")
     heads = model.config.num_attention_heads
     size = model.config.hidden_size // heads
+    attention.bf16_attention_speedup.cache_clear()
     in_fp32, note = attention.choose(model, "cpu", torch.bfloat16, False, [5, 7, 24, 24])
     assert note.endswith(f"as fast as fp32 here, {heads} heads of {size} at 24 tokens)"), note
     assert note.startswith("; attention in fp32 (bf16 attention measured " if in_fp32 else "; attention in bf16 (measured ")
+    attention.bf16_attention_speedup(heads, size, 24)  # what the probe timed: these shapes, so a cached answer
+    assert attention.bf16_attention_speedup.cache_info()[:2] == (1, 1)  # (hits, misses)
     attention.bf16_attention_speedup.cache_clear()
     assert attention.choose(model, "cpu", None, False, [24]) == (False, "")
     assert attention.choose(model, "cuda", torch.bfloat16, False, [24]) == (False, "")
