@@ -113,7 +113,7 @@ def train(params, tokenizer, sequences, data, folder, steps, warmup, fp32_attent
                                              params["mixed_precision"], device)
     if fp32_attention is None:
         fp32_attention, _ = attention.choose(model, device, autocast_dtype(params["mixed_precision"], device), packed,
-                                             [len(s) for s in sequences])
+                                             sequences)
     args = replace_arguments(training_arguments(params, NO_CHECKPOINTS, folder, device, batch, accumulation),
                              **QUIET, save_strategy="no", **(arguments or {}))
     if fp32_attention:
@@ -156,7 +156,7 @@ def main():
     sequences, _ = tokenize_texts(tokenizer, texts, max_length)
     dtype = autocast_dtype(params["mixed_precision"], device)
     where = torch.cuda.get_device_name() if opts.gpu else f"cpu ({cpu_isa()}), {torch.get_num_threads()} torch threads"
-    in_fp32 = attention.choose(make_model(**recipe(params)), device, dtype, False, [len(s) for s in sequences])[0]
+    in_fp32 = attention.choose(make_model(**recipe(params)), device, dtype, False, sequences)[0]
     print(f"candidates with {opts.model} on {where}, load average {load_average()}; torch {torch.__version__}; the "
           f"defaults train in {dtype or torch.float32}{', attention in fp32' if in_fp32 else ''}, effective batch "
           f"{params['effective_batch_size']}", flush=True)

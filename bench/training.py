@@ -41,7 +41,7 @@ def stage_callbacks(model, args, tokenizer, sequences):
     (training/compiling.py)."""
     device = "cpu" if args.use_cpu else "cuda"
     first_token.choose(model, first_token.check_batch(make_collator(tokenizer, device), sequences))
-    if attention.choose(model, device, torch.bfloat16 if args.bf16 else None, False, [len(s) for s in sequences])[0]:
+    if attention.choose(model, device, torch.bfloat16 if args.bf16 else None, False, sequences)[0]:
         model.set_attn_implementation(attention.NAME)  # for the whole of the bench's runs
     return [compiling.EveryShapeAtOnce()] if args.torch_compile else []
 

@@ -151,8 +151,7 @@ def train(job, rows, params, machine, task_metric, tokenized_settings):
     batch_size, accumulation, seq_len = agreed_batch_size(model, train_set.sequences, params, world_size, device)
     dtype = autocast_dtype(params["mixed_precision"], device)
     precision = str(dtype or torch.float32).removeprefix("torch.")
-    fp32_attention, attention_note = attention.choose(model, device, dtype, packed,
-                                                      [len(s) for s in train_set.sequences])
+    fp32_attention, attention_note = attention.choose(model, device, dtype, packed, train_set.sequences)
     say(f"batch: {batch_size} per step x {accumulation} accumulated" +
         (f" x {world_size} processes" if world_size > 1 else "") +
         f" = {batch_size * accumulation * world_size} per optimizer step; longest batch {seq_len} tokens; "

@@ -424,15 +424,15 @@ def test_the_stage_measures_the_attention_at_the_runs_shapes_and_says_which(tiny
     heads = model.config.num_attention_heads
     size = model.config.hidden_size // heads
     attention.bf16_attention_speedup.cache_clear()
-    in_fp32, note = attention.choose(model, "cpu", torch.bfloat16, False, [5, 7, 24, 24])
+    in_fp32, note = attention.choose(model, "cpu", torch.bfloat16, False, [[0] * 5, [0] * 7, [0] * 24, [0] * 24])
     assert note.endswith(f"as fast as fp32 here, {heads} heads of {size} at 24 tokens)"), note
     assert note.startswith("; attention in fp32 (bf16 attention measured " if in_fp32 else "; attention in bf16 (measured ")
     attention.bf16_attention_speedup(heads, size, 24)  # what the probe timed: these shapes, so a cached answer
     assert attention.bf16_attention_speedup.cache_info()[:2] == (1, 1)  # (hits, misses)
     attention.bf16_attention_speedup.cache_clear()
-    assert attention.choose(model, "cpu", None, False, [24]) == (False, "")
-    assert attention.choose(model, "cuda", torch.bfloat16, False, [24]) == (False, "")
-    assert attention.choose(model, "cpu", torch.bfloat16, True, [24]) == (False, "")  # padding-free batches
+    assert attention.choose(model, "cpu", None, False, [[0] * 24]) == (False, "")
+    assert attention.choose(model, "cuda", torch.bfloat16, False, [[0] * 24]) == (False, "")
+    assert attention.choose(model, "cpu", torch.bfloat16, True, [[0] * 24]) == (False, "")  # padding-free batches
     assert attention.bf16_attention_speedup.cache_info().misses == 0
 
 

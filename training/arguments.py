@@ -49,7 +49,7 @@ def training_arguments(params, machine, output_dir, device, batch_size, accumula
     cuda = device == "cuda"
     dtype = autocast_dtype(params["mixed_precision"], device)
     with without_ampere_warning(device):
-        args = TrainingArguments(
+        return TrainingArguments(
             output_dir=output_dir,
             num_train_epochs=params["epochs"],
             per_device_train_batch_size=batch_size,
@@ -87,7 +87,6 @@ def training_arguments(params, machine, output_dir, device, batch_size, accumula
             report_to="none",  # dvclive is attached explicitly, to write into reports/train/fold-K
             disable_tqdm=True,  # training.progress prints instead: a bar on a terminal, lines in a log
         )
-    return args
 
 
 def pretraining_arguments(params, machine, output_dir, device, dtype):

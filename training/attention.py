@@ -130,13 +130,14 @@ def predicted_in_fp32(trained_in_fp32, device, dtype):
     return bool(trained_in_fp32) and device == "cpu" and dtype == torch.bfloat16
 
 
-def choose(model, device, dtype, packed, lengths):
+def choose(model, device, dtype, packed, sequences):
     """(whether this run trains its attention in fp32, a note for the log): attention_in_fp32 with the
-    speedup measured here at the run's shapes (the model's heads, its texts' `lengths`) when it could
-    matter (a CPU in bf16); never for padding-free batches (training.unpadded has its own attention path)."""
+    speedup measured here at the run's shapes (the model's heads, the lengths of its token `sequences`) when
+    it could matter (a CPU in bf16); never for padding-free batches (training.unpadded has its own attention
+    path)."""
     if getattr(model.config, "_attn_implementation", None) != "sdpa" or not could_matter(device, dtype, packed):
         return False, ""
-    shape = probe_shape(model.config, lengths)
+    shape = probe_shape(model.config, [len(tokens) for tokens in sequences])
     measured = bf16_attention_speedup(*shape)
     where = f"as fast as fp32 here, {shape[0]} heads of {shape[1]} at {shape[2]} tokens"
     if not attention_in_fp32(device, dtype, "sdpa", measured):
