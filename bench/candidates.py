@@ -15,6 +15,11 @@ bf16 attention is the slower (training/attention.py). Candidates (each alone, th
   of SDPA's CPU kernel;
 - compile: train.compile true (torch.compile, Inductor), untimed warm-up steps include the compiling;
 - compile_fp32_attention: compiled, the attention in fp32;
+- fp32_bf16_matmuls: fp32 training (no autocast) whose matmuls oneDNN computes in bf16 inside
+  (torch.backends.mkldnn.matmul.fp32_precision "bf16", torch 2.9 on): the weights and every elementwise
+  operation stay fp32, nothing is cast between the operations, the matmuls still use AMX; with
+  transformers' eager attention, since SDPA's CPU kernel takes that setting for its own products and
+  runs at its slow bf16 speed (a step 2.7x slower than the defaults, measured);
 - foreach_adamw: train.fused_adamw false (transformers' adamw_torch) against the fused kernel;
 - micro_batch_16: batches of 16, accumulated twice (the same effective batch of 32);
 - effective_64: batches of 64 (a larger effective batch: changes the result, for its speed only);
@@ -86,6 +91,8 @@ CANDIDATES = {
     "cuda_graphs": ({"compile": True}, None, None, {"torch_compile_mode": "reduce-overhead"}),
     # Inductor's autotuning of each matmul among ATen's and its own C++ GEMM templates (AMX micro-kernels on a CPU)
     "max_autotune": ({"compile": True}, None, None, {"torch_compile_mode": "max-autotune-no-cudagraphs"}),
+    # eager attention: SDPA's CPU kernel computes its own products in bf16 under that setting too, at 0.14x
+    "fp32_bf16_matmuls": ({"mixed_precision": False}, False, "eager", {}),
     "foreach_adamw": ({"fused_adamw": False}, None, None, {}),
     "micro_batch_16": ({"batch_size": 16}, None, None, {}),
     "effective_64": ({"batch_size": 64, "effective_batch_size": 64}, None, None, {}),
@@ -94,6 +101,17 @@ CANDIDATES = {
     "no_cudnn_attention": ({}, None, None, {}),
 }
 GPU_ONLY = {"cuda_graphs", "no_cudnn_attention"}
+
+
+@contextlib.contextmanager
+def bf16_matmul_math():
+    """oneDNN's fp32 matmuls computed in bf16 inside the block (fp32_bf16_matmuls), torch's setting back after."""
+    matmul = torch.backends.mkldnn.matmul
+    before, matmul.fp32_precision = matmul.fp32_precision, "bf16"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = before
 
 # every SDPA kernel except cuDNN's, for no_cudnn_attention (torch's sdpa_kernel puts the previous choice back after)
 WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -177,7 +195,9 @@ def main():
             def run(candidate, n):
                 if not candidate:
                     return train(params, tokenizer, sequences, data, folder, n, 1, device=device, make_model=make_model)
-                with sdpa_kernel(WITHOUT_CUDNN) if name == "no_cudnn_attention" else contextlib.nullcontext():
+                context = {"no_cudnn_attention": lambda: sdpa_kernel(WITHOUT_CUDNN),
+                           "fp32_bf16_matmuls": bf16_matmul_math}.get(name, contextlib.nullcontext)
+                with context():
                     return train({**params, **changes}, tokenizer, sequences, data, folder, n, 1, fp32_attention,
                                  implementation, name == "full_last_layer", device, make_model, arguments)
 
