@@ -19,7 +19,7 @@ bf16 attention is the slower (training/attention.py). Candidates (each alone, th
   (torch.backends.mkldnn.matmul.fp32_precision "bf16", torch 2.9 on): the weights and every elementwise
   operation stay fp32, nothing is cast between the operations, the matmuls still use AMX; with
   transformers' eager attention, since SDPA's CPU kernel takes that setting for its own products and
-  runs at its slow bf16 speed (a step 2.7x slower than the defaults, measured);
+  runs at its slow bf16 speed (with SDPA the candidate measured 0.28x-0.30x the defaults);
 - foreach_adamw: train.fused_adamw false (transformers' adamw_torch) against the fused kernel;
 - micro_batch_16: batches of 16, accumulated twice (the same effective batch of 32);
 - effective_64: batches of 64 (a larger effective batch: changes the result, for its speed only);
@@ -91,7 +91,7 @@ CANDIDATES = {
     "cuda_graphs": ({"compile": True}, None, None, {"torch_compile_mode": "reduce-overhead"}),
     # Inductor's autotuning of each matmul among ATen's and its own C++ GEMM templates (AMX micro-kernels on a CPU)
     "max_autotune": ({"compile": True}, None, None, {"torch_compile_mode": "max-autotune-no-cudagraphs"}),
-    # eager attention: SDPA's CPU kernel computes its own products in bf16 under that setting too, at 0.14x
+    # eager attention: SDPA's CPU kernel computes its own products in bf16 under that setting too, at its slow bf16 speed
     "fp32_bf16_matmuls": ({"mixed_precision": False}, False, "eager", {}),
     "foreach_adamw": ({"fused_adamw": False}, None, None, {}),
     "micro_batch_16": ({"batch_size": 16}, None, None, {}),
@@ -101,6 +101,9 @@ CANDIDATES = {
     "no_cudnn_attention": ({}, None, None, {}),
 }
 GPU_ONLY = {"cuda_graphs", "no_cudnn_attention"}
+
+# every SDPA kernel except cuDNN's, for no_cudnn_attention (torch's sdpa_kernel puts the previous choice back after)
+WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @contextlib.contextmanager
@@ -113,8 +116,9 @@ def bf16_matmul_math():
     finally:
         matmul.fp32_precision = before
 
-# every SDPA kernel except cuDNN's, for no_cudnn_attention (torch's sdpa_kernel puts the previous choice back after)
-WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+# the torch settings a candidate's side trains under (a context manager each), where train's arguments cannot say it
+SETTINGS = {"no_cudnn_attention": functools.partial(sdpa_kernel, WITHOUT_CUDNN), "fp32_bf16_matmuls": bf16_matmul_math}
 
 
 def train(params, tokenizer, sequences, data, folder, steps, warmup, fp32_attention=None, implementation=None,
@@ -195,9 +199,7 @@ def main():
             def run(candidate, n):
                 if not candidate:
                     return train(params, tokenizer, sequences, data, folder, n, 1, device=device, make_model=make_model)
-                context = {"no_cudnn_attention": lambda: sdpa_kernel(WITHOUT_CUDNN),
-                           "fp32_bf16_matmuls": bf16_matmul_math}.get(name, contextlib.nullcontext)
-                with context():
+                with SETTINGS.get(name, contextlib.nullcontext)():
                     return train({**params, **changes}, tokenizer, sequences, data, folder, n, 1, fp32_attention,
                                  implementation, name == "full_last_layer", device, make_model, arguments)
 
