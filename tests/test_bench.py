@@ -1,0 +1,91 @@
+"""The bench tools' own logic, on hand-made inputs: bench.profile_step's rows (a GPU's kernel time, the casts
+split by what is cast) and the benchmark's tokenize stage's PYTHONPATH. Speed itself is what they measure."""
+import os
+
+import pytest
+import torch
+
+
+def test_the_gpu_profile_counts_each_operations_kernels_in_its_row_and_the_rest_as_idle():
+    """bench.profile_step --gpu on hand-made profiler events of 2 steps: each row holds the GPU time of the
+    kernels its operations launched themselves (not their callers' or their own CPU time), the last row the
+    wall time no kernel ran."""
+    from types import SimpleNamespace
+
+    from bench import profile_step as ps
+
+    def op(name, parent=None, cpu_us=50.0, gpu_us=0.0, kernels=0):
+        return SimpleNamespace(name=name, cpu_parent=parent, device_type=torch.autograd.DeviceType.CPU,
+                               self_cpu_time_total=cpu_us, self_device_time_total=gpu_us, kernels=[None] * kernels)
+
+    backward = op("autograd::engine::evaluate_function: MmBackward0")
+    step = op("Optimizer.step#AdamW.step")
+    to = op("aten::to")
+    events = [
+        op("aten::addmm", gpu_us=3000.0, kernels=2),
+        op("aten::mm", backward, gpu_us=5000.0, kernels=2),
+        backward,
+        op("aten::_flash_attention_backward", gpu_us=400.0, kernels=1),
+        op("aten::_cudnn_attention_forward", gpu_us=600.0, kernels=1),  # the kernel torch 2.11 picks on an H200 in bf16
+        op("aten::_fused_adamw_", step, gpu_us=400.0, kernels=1),
+        step,
+        op("aten::copy_", to, gpu_us=200.0, kernels=1),  # a batch moved to the GPU, or an autocast cast
+        to,
+        op("aten::add_", gpu_us=400.0, kernels=1),
+        SimpleNamespace(name="sm90_xmma_gemm", cpu_parent=None, device_type=torch.autograd.DeviceType.CUDA,
+                        self_cpu_time_total=0.0, self_device_time_total=3000.0, kernels=[]),  # counted by its op
+    ]
+    rows = ps.breakdown(events, wall_s=0.020, steps=2, gpu=True)  # 20 ms for 2 steps, 10 ms of kernels
+    assert rows["matrix products (mm, addmm, bmm)"] == pytest.approx(4.0)
+    assert rows["attention (SDPA kernels)"] == pytest.approx(0.5)
+    assert rows["optimizer (AdamW, clipping, zero_grad)"] == pytest.approx(0.2)
+    assert rows["dtype casts (autocast)"] == pytest.approx(0.1)
+    assert rows["other elementwise and reductions"] == pytest.approx(0.2)
+    assert rows[ps.REST] == pytest.approx(5.0)  # 10 ms per step of wall, 5 of kernels
+    assert sum(rows.values()) == pytest.approx(10.0)
+    assert ps.launches(events, steps=2) == (pytest.approx(0.25), 4.5)  # 10 ops x 50 us; 9 kernels
+    cpu_rows = ps.breakdown(events, wall_s=0.020, steps=2)  # the same events on a CPU: their own CPU time
+    assert cpu_rows["matrix products (mm, addmm, bmm)"] == pytest.approx(0.05)
+    assert cpu_rows[ps.REST] == pytest.approx(10.0 - 0.25)
+    assert ps.GPU_IDLE in ps.table({"bf16": (rows, 11.0)}, gpu=True)
+
+
+def test_the_profiles_casts_split_by_whether_a_weight_is_cast():
+    """bench.profile_step --casts on hand-made events of 2 steps: a cast's own time (the allocation and the
+    copy under it included) counts as a weight's when the tensor it casts has a weight's shape, whichever
+    operation of the cast records the shape; the optimizer's copies are the optimizer's, not casts."""
+    from types import SimpleNamespace
+
+    from bench import profile_step as ps
+
+    def op(name, parent=None, shapes=(), us=0.0):
+        return SimpleNamespace(name=name, cpu_parent=parent, device_type=torch.autograd.DeviceType.CPU,
+                               self_cpu_time_total=us, input_shapes=[list(s) for s in shapes])
+
+    forward = op("aten::_to_copy", op("aten::linear"), [(384, 1536), (), ()], us=100.0)  # a weight, to bf16
+    backward = op("aten::_to_copy", op("ToCopyBackward0"), [(384, 1536)], us=100.0)  # its gradient, to fp32
+    activation = op("aten::_to_copy", op("sdpa_fp32"), [(32, 12, 33, 32)], us=300.0)  # q to fp32
+    step = op("Optimizer.step#AdamW.step")
+    events = [forward, op("aten::empty_strided", forward, [(), ()], us=200.0),
+              op("aten::copy_", forward, [(384, 1536), (384, 1536), ()], us=700.0),
+              backward, op("aten::copy_", backward, [(384, 1536), (384, 1536), ()], us=900.0),
+              activation, op("aten::empty_strided", activation, [()], us=100.0),
+              op("aten::copy_", activation, [(32, 12, 33, 32), (32, 12, 33, 32), ()], us=1600.0),
+              step, op("aten::copy_", step, [(384, 1536), (384, 1536), ()], us=5000.0)]
+    split = ps.cast_split(events, steps=2, weight_shapes={(384, 1536), (1536, 384), (384,)})
+    assert split == {ps.WEIGHTS: pytest.approx(1.0), ps.OTHERS: pytest.approx(1.0)}  # (100+200+700+100+900) us / 2
+    assert ps.breakdown(events, wall_s=0.01, steps=2)[ps.CASTS] == pytest.approx(2.0)  # the same row, whole
+
+
+@pytest.mark.parametrize("pythonpath, expected", [
+    (None, "{repo}"),
+    ("", "{repo}"),
+    ("/tmp/site", "{repo}" + os.pathsep + "/tmp/site"),  # the GPU machine's packages, kept after the repo
+])
+def test_the_benchmarks_tokenize_stage_keeps_the_pythonpath_it_was_given(pythonpath, expected):
+    from bench.common import REPO
+    from bench.tokenize_memory import stage_environment
+
+    environ = {"HOME": "/root"} if pythonpath is None else {"HOME": "/root", "PYTHONPATH": pythonpath}
+    assert stage_environment(environ) == {"HOME": "/root", "PYTHONPATH": expected.format(repo=REPO)}
+    assert environ.get("PYTHONPATH") == pythonpath  # the caller's own left as it was
