@@ -166,8 +166,9 @@ def train(job, rows, params, machine, task_metric, tokenized_settings):
                     "optimizer": lowmemory.optimizer(params["fused_adamw"], params["adamw_8bit"], device)[0], **job.settings}
     resume = checkpoint.prepare(trained_with, out["checkpoints"], main_process=main_process)
     live = open_live(resume, out["live"]) if main_process else None
-    if live:  # the device this run was given: with a queue worker per GPU (README), which one each took
-        live.summary.update(device=device, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if live:  # the device this run was given (with a queue worker per GPU (README), which one each took), its allocator
+        live.summary.update(device=device, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                            allocator=allocator.running())
     throughput = Throughput()
     scores = ValidationScores(shape, scale, texts[val_rows]) if val_set else None  # windows: each text scored once
     if params["unpadded"]:

@@ -23,6 +23,9 @@ train.compile hands the model to torch.compile (through Trainer's torch_compile 
 Gradient checkpointing, LoRA and 8-bit AdamW (training/lowmemory.py) fit a big encoder on a small GPU; the
 batch-size probe runs with them applied. A LoRA model is saved merged: a plain model for predicting.
 
+On a CPU where tcmalloc was measured faster (machine.allocator auto), a run long enough to repay it starts
+itself again under tcmalloc, where installed, before it loads the model: the same results, sooner
+(training/allocator.py).
 Checkpoints every machine.checkpoint_minutes into <machine.checkpoint_dir>/fold-K; a rerun with the
 same settings resumes from the newest, and Ctrl-C or SIGTERM saves one before stopping
 (training/checkpoint.py). The machine section holds what this machine needs and the result does not
@@ -44,7 +47,7 @@ from pipeline.command import interactive, run_main, seconds_since_start
 from pipeline.settings import PipelineError
 from predicting import folds
 from tasks.shapes import SHAPES
-from training import checkpoint, pruning
+from training import allocator, checkpoint, compiling, pruning
 from training.models import model_params, resolve_model
 from training.pretrained import start_model
 
@@ -72,6 +75,9 @@ def main():
         sys.exit(pruning.PRUNED_EXIT_CODE)
 
     rows = fold_rows(load_file(TOKENIZED / "train.safetensors"), row_folds, fold)
+    # a long enough run on a CPU measured faster under tcmalloc starts again under it, before any model is loaded
+    allocator.restart_where_it_pays(machine["allocator"], compiling.run_steps(
+        len(rows.train), params["effective_batch_size"], params["epochs"]))
     job = Job(f"fold {fold}", fold, {**folds.outputs(fold), "checkpoints": checkpoint.folder(fold, machine["checkpoint_dir"])},
               start=start_model(resolve_model(model["name"])), model_name=model["name"], data=data, labels=labels,
               inputs=[TOKENIZED / "train.safetensors", TOKENIZED / "settings.json", LABELS, SHAPE, folds.FOLDS_CSV],

@@ -1,5 +1,7 @@
 """The memory allocator a CPU training process runs under (training/allocator.py): read off the libraries
-mapped into the process, and the log's line on glibc's malloc saying how to train under tcmalloc."""
+mapped into the process, the log's line on glibc's malloc saying how to train under tcmalloc, and the train
+stage starting again under tcmalloc (machine.allocator), which trains exactly as under glibc's malloc."""
+import json
 import os
 import subprocess
 import sys
@@ -7,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.settings import PipelineError
+from tests.test_cv import logged_repro
+from tests.test_pipeline import TINY_PARAMS, init_pipeline_repo, set_params
 from training import allocator
 
 
@@ -54,3 +59,72 @@ def test_a_process_started_under_tcmalloc_says_so_and_one_without_says_glibc():
             for preload in (False, True)}
     assert all(done.returncode == 0 for done in runs.values()), [done.stderr for done in runs.values()]
     assert [runs[False].stdout.strip(), runs[True].stdout.strip()] == ["glibc", "tcmalloc"]
+
+
+LIBRARY = "libtcmalloc_minimal.so.4"
+
+
+@pytest.mark.parametrize("setting, device, isa, running, library, steps, restarted, starts, says", [
+    # measured 2x with a start costing 300 steps: a step under it saves half a step, so 600 steps save
+    # exactly the cost (not enough) and 601 half a step more
+    ("auto", "cpu", "AMX", "glibc", LIBRARY, 601, None, True, "measured 2.00x on a CPU with AMX, so 601 steps repay"),
+    ("auto", "cpu", "AMX", "glibc", LIBRARY, 600, None, False, ""),
+    ("auto", "cpu", "AVX2", "glibc", LIBRARY, 10**6, None, False, ""),   # not measured on this kind of CPU
+    ("auto", "cpu", "AMX", "glibc", None, 10**6, None, False, ""),       # not installed: the fold's note says how
+    ("auto", "cuda", None, "glibc", LIBRARY, 10**6, None, False, ""),    # measured on a CPU only
+    ("auto", "cpu", "AMX", "tcmalloc", LIBRARY, 10**6, None, False, ""),  # already under it
+    ("auto", "cpu", "AMX", "jemalloc", LIBRARY, 10**6, None, False, ""),  # the user's own choice
+    ("auto", "cpu", "AMX", None, LIBRARY, 10**6, None, False, ""),        # not Linux: cannot tell
+    ("system", "cpu", "AMX", "glibc", LIBRARY, 10**6, None, False, ""),
+    ("tcmalloc", "cpu", "AVX2", "glibc", LIBRARY, 1, None, True, "as machine.allocator says"),  # whatever was measured
+    # started again, and the loader did not preload it: never a second time
+    ("auto", "cpu", "AMX", "glibc", LIBRARY, 10**6, LIBRARY, False, f"LD_PRELOAD={LIBRARY}, which the loader did not"),
+    ("tcmalloc", "cpu", "AMX", "glibc", LIBRARY, 10**6, LIBRARY, False, "which the loader did not load"),
+])
+def test_the_train_stage_starts_again_under_tcmalloc_where_measured_faster_and_the_run_repays_it(
+        setting, device, isa, running, library, steps, restarted, starts, says):
+    measured = {("cpu", "AMX"): (2.0, 300)}
+    chosen, line = allocator.choose_restart(setting, device, isa, running, library, steps, restarted, measured)
+    assert chosen == (library if starts else None)
+    assert (says == "" and line == "") or (says in line), line
+
+
+def test_a_forced_tcmalloc_that_is_not_installed_stops_with_how_to_install_it():
+    with pytest.raises(PipelineError, match=r"^params.yaml: machine.allocator tcmalloc, but no tcmalloc library is "
+                                            r"installed here: apt-get install libtcmalloc-minimal4, or set it to auto or system$"):
+        allocator.choose_restart("tcmalloc", "cpu", "AMX", "glibc", None, 10**6)
+
+
+def test_the_stage_starts_again_with_tcmalloc_ahead_of_the_users_preloads_and_runs_once():
+    environ = {"HOME": "/root", "LD_PRELOAD": "libmine.so", "PIPELINE_STAGE_LOG": "/tmp/stages.log"}
+    assert allocator.restart_environment(environ, LIBRARY) == {
+        "HOME": "/root", "LD_PRELOAD": f"{LIBRARY} libmine.so", allocator.RESTARTED: LIBRARY}
+    assert environ["LD_PRELOAD"] == "libmine.so" and "PIPELINE_STAGE_LOG" in environ  # the caller's own left as it was
+    assert allocator.restart_environment({}, LIBRARY) == {"LD_PRELOAD": LIBRARY, allocator.RESTARTED: LIBRARY}
+
+
+@pytest.fixture(scope="module")
+def allocator_repo(tmp_path_factory, tiny_data_dir, tiny_model_dir):
+    """The tiny pipeline run once with machine.allocator tcmalloc: (the repo, the stages that ran, dvc's output)."""
+    repo = init_pipeline_repo(tmp_path_factory.mktemp("allocator") / "repo", tiny_data_dir, tiny_model_dir,
+                              **TINY_PARAMS, machine__allocator="tcmalloc")
+    ran, log = logged_repro(repo)
+    return repo, ran, log
+
+
+def test_a_train_stage_started_again_under_tcmalloc_runs_once_and_trains_as_under_glibc(allocator_repo):
+    """The real loader and the real stage: train@0 starts again under tcmalloc (its summary names the allocator
+    the training ran under), dvc and the stage log see it run once, and trained again under glibc's malloc
+    (machine.allocator system) it writes the same weights and out-of-fold predictions, byte for byte."""
+    repo, ran, log = allocator_repo
+    assert ran.count("train@0") == 1, ran
+    assert log.count("memory allocator: starting again under tcmalloc") == 1, log
+    assert "memory allocator: glibc's malloc" not in log  # the fold's note: it trained under tcmalloc
+    summary = json.loads((repo / "reports/train/fold-0/metrics.json").read_text())
+    assert summary["allocator"] == "tcmalloc"
+    trained = {path: (repo / path).read_bytes() for path in ("models/fold-0/model.safetensors", "predictions/fold-0/oof.csv")}
+    set_params(repo, machine__allocator="system")
+    ran, log = logged_repro(repo, "--force", "--single-item", "train@0", log_name="system.log")
+    assert ran == ["train@0"] and "starting again" not in log, log
+    assert json.loads((repo / "reports/train/fold-0/metrics.json").read_text())["allocator"] == "glibc"
+    assert {path: (repo / path).read_bytes() for path in trained} == trained

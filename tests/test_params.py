@@ -46,6 +46,7 @@ BAD_VALUES = {
     "train.lr": [0, 2, "fast"], "train.weight_decay": [-0.1, 1.5], "train.warmup_ratio": [1, -0.1],
     "train.max_grad_norm": [-1], "train.seed": [-1, 2**32], "machine.loader_workers": [-1],
     "machine.checkpoint_steps": [0, 2.5], "machine.checkpoint_minutes": [0, -1], "machine.checkpoint_dir": [5, None],
+    "machine.allocator": ["jemalloc", 5],
     "train.num_processes": [0], "train.dropout": [1, -0.1, "none"],
     "train.evaluations": [0, "epochs"], "train.compile": [NOT_A_BOOL, 1],
     "train.patience": [0, 1.5, "auto"], "train.lora_rank": [-1, 1.5, "auto"], "train.lora_alpha": [0, -1],

@@ -13,7 +13,8 @@ from training.precision import autocast_dtype
 
 # what each machine.* key accepts; the train, pseudo, distill and pretrain stages read the section
 MACHINE_PARAMS = {"checkpoint_dir": (str,), "checkpoint_minutes": (float, Range(0, low_open=True)),
-                  "checkpoint_steps": (int, None, Range(1)), "loader_workers": (int, Range(0)), "pin_memory": (bool,)}
+                  "checkpoint_steps": (int, None, Range(1)), "loader_workers": (int, Range(0)), "pin_memory": (bool,),
+                  "allocator": ("auto", "tcmalloc", "system")}
 
 
 # TrainingArguments says this whenever torch_compile is on where TF32 is not available, a CPU included
