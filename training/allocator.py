@@ -113,15 +113,18 @@ def restart_environment(environ, library):
 
 def restart_where_it_pays(setting, steps):
     """The train stage, before it loads a model: on a CPU under glibc's malloc where choose_restart says so,
-    replaces this process by the same stage under tcmalloc (does not return); else its line for the log."""
+    replaces this process by the same stage under tcmalloc (does not return); prints what it has to say."""
     if "LOCAL_RANK" in os.environ:  # a process of a torchrun, which started it under what the stage chose
-        return ""
+        return
     device = "cuda" if torch.cuda.is_available() else "cpu"
     library, line = choose_restart(setting, device, cpu_isa() if device == "cpu" else None, running(),
                                    tcmalloc_library(), steps, os.environ.get(RESTARTED))
-    if library:
+    if line:
         print(line, flush=True)
+    if library:
         sys.stderr.flush()
-        os.execve(sys.executable, [sys.executable, "-m", running_module(), *sys.argv[1:]],
-                  restart_environment(os.environ, library))
-    return line
+        try:
+            os.execve(sys.executable, [sys.executable, "-m", running_module(), *sys.argv[1:]],
+                      restart_environment(os.environ, library))
+        except OSError as error:  # the interpreter could not be started again: this process trains instead
+            print(f"memory allocator: glibc's malloc: could not start {sys.executable} again ({error.strerror})")
