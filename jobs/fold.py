@@ -166,9 +166,10 @@ def train(job, rows, params, machine, task_metric, tokenized_settings):
                     "optimizer": lowmemory.optimizer(params["fused_adamw"], params["adamw_8bit"], device)[0], **job.settings}
     resume = checkpoint.prepare(trained_with, out["checkpoints"], main_process=main_process)
     live = open_live(resume, out["live"]) if main_process else None
+    memory_allocator = allocator.running()
     if live:  # the device this run was given (with a queue worker per GPU (README), which one each took), its allocator
         live.summary.update(device=device, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                            allocator=allocator.running())
+                            allocator=memory_allocator)
     throughput = Throughput()
     scores = ValidationScores(shape, scale, texts[val_rows]) if val_set else None  # windows: each text scored once
     if params["unpadded"]:
@@ -177,7 +178,7 @@ def train(job, rows, params, machine, task_metric, tokenized_settings):
             "ids; padded batches instead")
     if compile_note:
         say(compile_note)
-    if allocator_note := allocator.note(device, allocator.running(), allocator.tcmalloc_library()):
+    if allocator_note := allocator.note(device, memory_allocator, allocator.tcmalloc_library()):
         say(allocator_note)
     callbacks = [LiveCallback(live=live)] if live else []
     if compiled:

@@ -20,7 +20,7 @@ import torch
 from pipeline.settings import PipelineError
 from training.compiling import pays_off
 from training.precision import cpu_isa
-from training.processes import running_module
+from training.processes import become, relaunch_environment, running_module
 
 KNOWN = ("tcmalloc", "jemalloc")
 PACKAGE = "libtcmalloc-minimal4"  # Debian's and Ubuntu's (libtcmalloc-minimal4t64 from Ubuntu 24.04 and Debian 13 on)
@@ -105,7 +105,7 @@ def choose_restart(setting, device, isa, allocator, library, steps, restarted=No
 def restart_environment(environ, library):
     """The environment of the stage started again: `library` preloaded ahead of what the user preloads, the
     restart marked (RESTARTED), and the tests' stage log left out (the stage ran once, not twice)."""
-    env = {k: v for k, v in environ.items() if k != "PIPELINE_STAGE_LOG"}
+    env = relaunch_environment(environ)
     env["LD_PRELOAD"] = " ".join(filter(None, [library, environ.get("LD_PRELOAD", "").strip()]))
     env[RESTARTED] = library
     return env
@@ -122,9 +122,7 @@ def restart_where_it_pays(setting, steps):
     if line:
         print(line, flush=True)
     if library:
-        sys.stderr.flush()
         try:
-            os.execve(sys.executable, [sys.executable, "-m", running_module(), *sys.argv[1:]],
-                      restart_environment(os.environ, library))
+            become([sys.executable, "-m", running_module(), *sys.argv[1:]], restart_environment(os.environ, library))
         except OSError as error:  # the interpreter could not be started again: this process trains instead
             print(f"memory allocator: glibc's malloc: could not start {sys.executable} again ({error.strerror})")

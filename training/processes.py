@@ -23,12 +23,23 @@ def running_module():
     return spec.name if spec else "stages.train"
 
 
+def relaunch_environment(environ):
+    """`environ` for this stage relaunched: without the tests' stage log, since the stage ran once, not again."""
+    return {k: v for k, v in environ.items() if k != "PIPELINE_STAGE_LOG"}
+
+
+def become(command, env):
+    """Replace this process by `command` with `env` (the same pid, so dvc and signals still see one stage):
+    what it printed so far is flushed first. Raises OSError where command cannot be started."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(command[0], command, env)
+
+
 def relaunch_under_torchrun(num_processes):
     """Replace this process by torchrun running num_processes copies of this stage: its exit code
     becomes the stage's, and signals (Ctrl-C, SIGTERM) reach torchrun, which passes them on."""
-    env = {k: v for k, v in os.environ.items() if k != "PIPELINE_STAGE_LOG"}  # the stage ran once, not N times
-    sys.stdout.flush()
-    os.execve(sys.executable, torchrun_command(num_processes, sys.argv[1:]), env)
+    become(torchrun_command(num_processes, sys.argv[1:]), relaunch_environment(os.environ))
 
 
 def join_processes(num_processes, device):
