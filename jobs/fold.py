@@ -103,6 +103,14 @@ def fold_rows(tensors, row_folds, fold):
                 train=np.flatnonzero(row_folds != fold), val=np.flatnonzero(row_folds == fold))
 
 
+def start_again_where_it_pays(rows, params, machine):
+    """A training stage, once its rows are read and before it loads a model: on a CPU measured faster under
+    tcmalloc, a run of these rows long enough to repay it starts again under tcmalloc (machine.allocator;
+    training/allocator.py). What the stage did before runs again there: reading, not printing."""
+    allocator.restart_where_it_pays(machine["allocator"], compiling.run_steps(
+        len(rows.train), params["effective_batch_size"], params["epochs"]))
+
+
 def speed_line(speed):
     """The speed metrics in words, for the log."""
     memory = (f"peak GPU memory {speed['peak_gpu_gb']:.2f} GB ({speed['peak_gpu_fraction']:.0%})"

@@ -12,7 +12,8 @@ single fold, and always reports how often it agrees with the ensemble.
 Writes students/distill/NAME/model (a model folder: `python -m predict FILE --out OUT --student NAME` uses
 it alone), students/distill/NAME/predictions/{test.csv, speed.json} (its test outputs; its rows/s against the ensemble's
 on the same rows, measured here one after the other) and reports/distill/NAME (its curves). Checkpoints
-into <machine.checkpoint_dir>/distill-NAME.
+into <machine.checkpoint_dir>/distill-NAME. Starts again under tcmalloc where a train stage would
+(machine.allocator).
 """
 import argparse
 import json
@@ -25,7 +26,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from jobs.fold import Job, Rows, train
+from jobs.fold import Job, Rows, start_again_where_it_pays, train
 from jobs.pseudo import with_test_rows
 from jobs.settings import train_settings
 from jobs.students import check_student
@@ -87,7 +88,7 @@ def main():
     model = model_params()
     teacher = start_model(resolve_model(model["name"]))
     student = resolve_model(spec["model"]) if spec["model"] else teacher
-    print(check_student(name, teacher, student, spec["layers"], model["trust_remote_code"]))  # before any work
+    student_line = check_student(name, teacher, student, spec["layers"], model["trust_remote_code"])  # before any work
     if not interactive():
         transformers.utils.logging.disable_progress_bar()
     data = json.loads(SHAPE.read_text(encoding="utf-8"))
@@ -105,17 +106,21 @@ def main():
     targets = [target_of.get(t) for t in texts.tolist()]
     rows = Rows(sequences, unpack_flat(tensors, "token_type_ids"), texts, targets, learned, np.array([], dtype=int),
                 soft=shape.soft)
-    print(f"distill@{name}: learning the out-of-fold outputs of {len(texts_out):,} training texts"
-          + ("" if k > 1 else " (one fold: only its validation rows have out-of-fold outputs)"))
     has_test = (TOKENIZED / "test.safetensors").exists()
     test_tensors = load_file(TOKENIZED / "test.safetensors") if has_test else tensors
     test_sequences, test_types = unpack_sequences(test_tensors)[0], unpack_flat(test_tensors, "token_type_ids")
     test_texts = windows.text_of_row(test_tensors)
     teacher_files = [folds.outputs(f)["test"] for f in range(k)] if has_test else []
-    if distill["test_rows"] and has_test:
+    learns_test_rows = distill["test_rows"] and has_test
+    if learns_test_rows:
         n = len(np.unique(test_texts))
         mean = mean_test_probabilities([folds.read_probabilities(f, columns) for f in teacher_files], n)
         rows = with_test_rows(rows, test_tensors, np.arange(n), mean, shape)
+    start_again_where_it_pays(rows, params, machine)  # before the log's first line, which it would repeat
+    print(student_line)
+    print(f"distill@{name}: learning the out-of-fold outputs of {len(texts_out):,} training texts"
+          + ("" if k > 1 else " (one fold: only its validation rows have out-of-fold outputs)"))
+    if learns_test_rows:
         print(f"distill.test_rows: also the ensemble's outputs of the {n:,} test texts")
 
     def after(folder, tokenizer, trained, run):  # its test outputs, and its speed against the ensemble's

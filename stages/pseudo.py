@@ -12,7 +12,8 @@ validated on fold K's rows: its out-of-fold outputs are as honest as the teacher
 Writes students/pseudo/fold-K/model (a model folder, as models/fold-K), students/pseudo/fold-K/predictions/
 {oof.csv, test.csv, pseudo_labels.csv} (its validation and test outputs, and the targets it learned for the test rows,
 in the prediction files' form) and reports/pseudo/fold-K (its curves). Checkpoints into
-<machine.checkpoint_dir>/pseudo-fold-K, resumed as train's are.
+<machine.checkpoint_dir>/pseudo-fold-K, resumed as train's are. Starts again under tcmalloc where train@K
+would (machine.allocator).
 """
 import json
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 import transformers
 from safetensors.torch import load_file
 
-from jobs.fold import Job, fold_rows, train
+from jobs.fold import Job, fold_rows, start_again_where_it_pays, train
 from jobs.pseudo import pseudo_labels, soft_rows, with_test_rows
 from jobs.settings import parse_fold, train_settings
 from pipeline.command import interactive, run_main
@@ -80,14 +81,14 @@ def main():
     if not len(picked):
         raise PipelineError(f"pseudo.threshold {pseudo['threshold']:g}: teacher fold {fold} is that sure of none of "
                             f"its {len(teacher):,} test rows; lower it, or use pseudo.labels soft")
-    print(f"student fold {fold}: {len(picked):,} of {len(teacher):,} test rows pseudo-labelled by teacher fold {fold} "
-          f"({pseudo['labels']} labels" + (f", at least {pseudo['threshold']:g} sure" if pseudo["labels"] == "hard" else "")
-          + f", share {pseudo['share']:g})")
-
     rows = fold_rows(load_file(TOKENIZED / "train.safetensors"), row_folds, fold)
     rows = soft_rows(rows, shape, labels) if shape.soft else rows
     test_tensors = load_file(TOKENIZED / "test.safetensors")
     rows = with_test_rows(rows, test_tensors, teacher_rows[picked], targets, shape)
+    start_again_where_it_pays(rows, params, machine)  # before the log's first line, which it would repeat
+    print(f"student fold {fold}: {len(picked):,} of {len(teacher):,} test rows pseudo-labelled by teacher fold {fold} "
+          f"({pseudo['labels']} labels" + (f", at least {pseudo['threshold']:g} sure" if pseudo["labels"] == "hard" else "")
+          + f", share {pseudo['share']:g})")
     test_sequences, test_types = unpack_sequences(test_tensors)[0], unpack_flat(test_tensors, "token_type_ids")
     test_texts = windows.text_of_row(test_tensors)
 

@@ -41,13 +41,13 @@ from pathlib import Path
 import transformers
 from safetensors.torch import load_file
 
-from jobs.fold import Job, fold_rows, train
+from jobs.fold import Job, fold_rows, start_again_where_it_pays, train
 from jobs.settings import MACHINE_PARAMS, TRAIN_PARAMS, parse_fold, train_settings  # noqa: F401 (tune reads TRAIN_PARAMS here)
 from pipeline.command import interactive, run_main, seconds_since_start
 from pipeline.settings import PipelineError
 from predicting import folds
 from tasks.shapes import SHAPES
-from training import allocator, checkpoint, compiling, pruning
+from training import checkpoint, pruning
 from training.models import model_params, resolve_model
 from training.pretrained import start_model
 
@@ -76,8 +76,7 @@ def main():
 
     rows = fold_rows(load_file(TOKENIZED / "train.safetensors"), row_folds, fold)
     # a long enough run on a CPU measured faster under tcmalloc starts again under it, before any model is loaded
-    allocator.restart_where_it_pays(machine["allocator"], compiling.run_steps(
-        len(rows.train), params["effective_batch_size"], params["epochs"]))
+    start_again_where_it_pays(rows, params, machine)
     job = Job(f"fold {fold}", fold, {**folds.outputs(fold), "checkpoints": checkpoint.folder(fold, machine["checkpoint_dir"])},
               start=start_model(resolve_model(model["name"])), model_name=model["name"], data=data, labels=labels,
               inputs=[TOKENIZED / "train.safetensors", TOKENIZED / "settings.json", LABELS, SHAPE, folds.FOLDS_CSV],

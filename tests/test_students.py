@@ -21,7 +21,7 @@ CLASSES = ["negative", "neutral", "positive"]
 # the README's order: pretrain -> train -> pseudo and distill -> evaluate (a short pretraining: its wiring, not its gain)
 STUDENTS = dict(cv__folds=[0, 1], pseudo__folds=[0, 1], distill__students={"small": {"model": None, "layers": 1}},
                 distill__epochs=10, distill__lr=2e-3, train__mixed_precision=False, pretrain__epochs=1,
-                pretrain__max_length=32)
+                pretrain__max_length=32, machine__allocator="tcmalloc")  # every training stage starts again under it
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +45,19 @@ def test_every_stage_runs_once_teachers_then_students_then_evaluate(run):
     assert ran[:3] == ["fetch", "preprocess", "pretrain"] and "pretrain: MLM loss on" in log
     # every teacher and pseudo student starts from the pretrained encoder; the distilled one from its first layer
     assert log.count("loaded models/pretrained; ") == 4 and "loaded models/pretrained (its first 1 layers)" in log
+
+
+def test_the_students_start_again_under_tcmalloc_as_the_teachers_do(run):
+    """machine.allocator tcmalloc: each training stage, students included, starts itself again under tcmalloc
+    (dvc starts each under glibc's malloc), once, before its log's first line, and trains under it."""
+    repo, ran, log = run
+    stages = ["train@0", "train@1", "pseudo@0", "pseudo@1", "distill@small"]
+    assert all(ran.count(stage) == 1 for stage in stages), ran
+    assert log.count("memory allocator: starting again under tcmalloc") == len(stages), log
+    assert log.count("student fold 1: 60 of 60 test rows pseudo-labelled") == 1
+    assert log.count("distill@small: learning the out-of-fold outputs of") == 1
+    for report in ("train/fold-0", "train/fold-1", "pseudo/fold-0", "pseudo/fold-1", "distill/small"):
+        assert json.loads((repo / f"reports/{report}/metrics.json").read_text())["allocator"] == "tcmalloc", report
 
 
 def test_student_fold_k_learned_teacher_fold_ks_own_test_outputs_not_the_ensembles(run):
@@ -141,7 +154,7 @@ def test_what_reruns_after_a_teacher_a_pseudo_and_a_distill_setting_changes(run)
     a pseudo or distill setting: its students and evaluate only. Fewer epochs make the teachers' rerun cheap.
     The last test of the module: it leaves the repo changed."""
     repo = run[0]
-    set_params(repo, train__epochs=2)
+    set_params(repo, train__epochs=2, machine__allocator="system")  # not a setting of the results: no stage reruns for it
     ran, _ = logged_repro(repo)
     assert sorted(ran) == sorted(["train@0", "train@1", "predict_test", "pseudo@0", "pseudo@1", "distill@small",
                                   "evaluate"]), ran

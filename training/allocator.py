@@ -1,6 +1,6 @@
-"""The memory allocator a CPU training process runs with (machine.allocator): the train stage starts itself
-again under tcmalloc where that was measured faster on this kind of CPU, tcmalloc is installed here and the
-run is long enough to repay starting again; elsewhere a line for the log says how to use it.
+"""The memory allocator a CPU training process runs with (machine.allocator): a training stage (train, pseudo,
+distill) starts itself again under tcmalloc where that was measured faster on this kind of CPU, tcmalloc is
+installed here and the run is long enough to repay starting again; elsewhere a line for the log says how to use it.
 
 A training step on a CPU allocates and frees hundreds of activation and gradient tensors. On a quiet 2-core
 Xeon with AMX, the default `dvc repro` ran its train stage 1.12x faster under tcmalloc than under glibc's
@@ -112,7 +112,7 @@ def restart_environment(environ, library):
 
 
 def restart_where_it_pays(setting, steps):
-    """The train stage, before it loads a model: on a CPU under glibc's malloc where choose_restart says so,
+    """A training stage, before it loads a model: on a CPU under glibc's malloc where choose_restart says so,
     replaces this process by the same stage under tcmalloc (does not return); prints what it has to say."""
     if "LOCAL_RANK" in os.environ:  # a process of a torchrun, which started it under what the stage chose
         return
