@@ -15,6 +15,9 @@ bf16 attention is the slower (training/attention.py). Candidates (each alone, th
   of SDPA's CPU kernel;
 - compile: train.compile true (torch.compile, Inductor), untimed warm-up steps include the compiling;
 - compile_fp32_attention: compiled, the attention in fp32;
+- compiled_autograd: compiled, and each backward pass traced as it runs into one graph that Inductor
+  compiles too (torch's compiled autograd), instead of the autograd engine walking the backward node by
+  node (the compiled forward's backward, the loss's and any graph break's nodes);
 - fp32_bf16_matmuls: fp32 training (no autocast) whose matmuls oneDNN computes in bf16 inside
   (torch.backends.mkldnn.matmul.fp32_precision "bf16", torch 2.9 on): the weights and every elementwise
   operation stay fp32, nothing is cast between the operations, the matmuls still use AMX; with
@@ -88,6 +91,7 @@ CANDIDATES = {
     "eager_attention": ({}, False, "eager", {}),
     "compile": ({"compile": True}, None, None, {}),
     "compile_fp32_attention": ({"compile": True}, True, None, {}),
+    "compiled_autograd": ({"compile": True}, None, None, {}),
     "cuda_graphs": ({"compile": True}, None, None, {"torch_compile_mode": "reduce-overhead"}),
     # Inductor's autotuning of each matmul among ATen's and its own C++ GEMM templates (AMX micro-kernels on a CPU);
     # torch 2.13 offers those templates only for constant (frozen) weights, so in training it keeps ATen's (docs/speed-cpu.md)
@@ -118,8 +122,17 @@ def bf16_matmul_math():
         matmul.fp32_precision = before
 
 
+@contextlib.contextmanager
+def compiled_autograd():
+    """Every backward pass inside the block traced at run time as one graph and compiled by Inductor
+    (compiled_autograd), the autograd engine's node-by-node walk replaced by it."""
+    with torch._dynamo.compiled_autograd._enable(torch.compile(backend="inductor", dynamic=True)):
+        yield
+
+
 # the torch settings a candidate's side trains under (a context manager each), where train's arguments cannot say it
-SETTINGS = {"no_cudnn_attention": functools.partial(sdpa_kernel, WITHOUT_CUDNN), "fp32_bf16_matmuls": bf16_matmul_math}
+SETTINGS = {"no_cudnn_attention": functools.partial(sdpa_kernel, WITHOUT_CUDNN), "fp32_bf16_matmuls": bf16_matmul_math,
+            "compiled_autograd": compiled_autograd}
 
 
 def train(params, tokenizer, sequences, data, folder, steps, warmup, fp32_attention=None, implementation=None,
@@ -200,6 +213,10 @@ def main():
             def run(candidate, n):
                 if not candidate:
                     return train(params, tokenizer, sequences, data, folder, n, 1, device=device, make_model=make_model)
+                if changes.get("compile") is True:
+                    # each compiled side compiles afresh, as a stage's process does: past torch._dynamo's
+                    # recompile_limit (8 compilings of the forward's code in a process) later sides would run it eager
+                    torch._dynamo.reset()
                 with SETTINGS.get(name, contextlib.nullcontext)():
                     return train({**params, **changes}, tokenizer, sequences, data, folder, n, 1, fp32_attention,
                                  implementation, name == "full_last_layer", device, make_model, arguments)
