@@ -125,7 +125,9 @@ def bf16_matmul_math():
 @contextlib.contextmanager
 def compiled_autograd():
     """Every backward pass inside the block traced at run time as one graph and compiled by Inductor
-    (compiled_autograd), the autograd engine's node-by-node walk replaced by it."""
+    (compiled_autograd), the autograd engine's node-by-node walk replaced by it. torch's own switch
+    (torch._dynamo.config.compiled_autograd) covers a backward called inside a compiled function only,
+    and Trainer calls it outside the compiled model, so the block enters what that switch would."""
     with torch._dynamo.compiled_autograd._enable(torch.compile(backend="inductor", dynamic=True)):
         yield
 
