@@ -5,7 +5,8 @@
 # it). Arguments go to pytest, as with scripts/test.sh:
 #   bash scripts/newcomer.sh                      # everything (the quick start's dvc repro: ~6 min on 2 cores)
 #   bash scripts/newcomer.sh -k test_install -x   # the whole quick start, then only these tests
-# NEWCOMER_DIR names the clone's folder (default: a new one under /tmp); it must not exist yet.
+# NEWCOMER_DIR names the clone's folder (default: a new one under /tmp); it must not exist yet. The clone
+# stays (several GB: the last line says how much); delete it once its logs are read.
 # NEWCOMER_QUICKSTART replaces the README's line (only for a machine that cannot reach what it names,
 # e.g. download.pytorch.org: the same line with a local torch wheel); it must still make .venv.
 set -euo pipefail
@@ -33,5 +34,10 @@ echo "newcomer: the quick start: $line"
 # a new shell, as a user's: no virtualenv of this session active
 env -u VIRTUAL_ENV -u PYTHONPATH PATH="$(sed "s|${VIRTUAL_ENV:-/nonexistent}/bin:||g" <<<"$PATH")" bash -euo pipefail -c "$line"
 echo "newcomer: the test command: bash scripts/test.sh $*"
-exec env -u VIRTUAL_ENV -u PYTHONPATH PATH="$(sed "s|${VIRTUAL_ENV:-/nonexistent}/bin:||g" <<<"$PATH")" \
-  bash scripts/test.sh "$@"
+status=0
+env -u VIRTUAL_ENV -u PYTHONPATH PATH="$(sed "s|${VIRTUAL_ENV:-/nonexistent}/bin:||g" <<<"$PATH")" \
+  bash scripts/test.sh "$@" || status=$?
+# the clone's .venv holds the quick start's torch, where pip picked a CUDA build several GB with its
+# libraries: a few clones left behind once filled the disk
+echo "newcomer: the tests exited $status; the clone stays for reading, $(du -sh "$clone" | cut -f1): rm -rf $clone"
+exit "$status"
