@@ -75,6 +75,10 @@ def test_the_comparison_line():
         "(baseline.oof.rmse), scored on the same rows; likely causes: too few epochs (train.epochs 1); b")
     assert comparison("val", "rmse", 0.3, 0.4, "ridge regression", []).startswith("baseline: the model's val RMSE 0.3000 beats")
     assert comparison("val", "f1_macro", 1.0, 1.0, "x", []).startswith("baseline: the model's val macro-F1 1.0000 is perfect")
+    # a tie beats nothing, whichever way the metric goes; both perfect says so, an RMSE of 0 as an F1 of 1
+    for metric, score in (("rmse", 0.4), ("log_loss", 0.3), ("f1_macro", 0.8)):
+        assert comparison("val", metric, score, score, "x", []).startswith("warning: the model's val"), metric
+    assert comparison("val", "rmse", 0.0, 0.0, "x", []).startswith("baseline: the model's val RMSE 0.0000 is perfect")
     assert "not compared" in comparison("val", "pearson", None, 0.4, "ridge regression", [])
 
 

@@ -53,6 +53,12 @@ def test_regression_targets_must_be_numbers():
     with pytest.raises(PipelineError, match=r"train.csv: 1 row\(s\) have an empty 'score' \(row 5\)"):
         read_numbers(raw.iloc[[0, 3]], ["score"], None, "train.csv")
     assert read_numbers(raw.iloc[[0, 1, 3]], ["score"], None, "test.csv", known=[]).tolist() == ["1.5", "2", ""]
+    # a target must vary: two values are enough (a 0/1 score read as a number), one value, however spelled, not
+    label_list = SHAPES["regression"].label_list
+    assert label_list(pd.Series(["0", "1", "1.0"]), ["score"], None, "train.csv") == []
+    with pytest.raises(PipelineError, match=r"train.csv: 'score' holds a single value \('2'\); regression needs "
+                                            r"at least two"):
+        label_list(pd.Series(["2", "2.0", "+2"]), ["score"], None, "train.csv")
 
 
 def test_competition_metrics_belong_to_their_shape():
@@ -73,6 +79,15 @@ def test_each_shape_reports_its_scores():
     constant = SHAPES["regression"].report(np.array([1.0, 2.0]), np.array([[1.5], [1.5]]), [], "rmse")
     assert constant["pearson"] is None  # undefined: null in metrics.json, not NaN
     assert mean_column_auc(np.array([[1, 0], [0, 1], [1, 1]]), np.array([[0.9, 0.2], [0.1, 0.8], [0.8, 0.7]])) == 1.0
+    # a class that no row has, or every row: no ROC AUC (scikit-learn raises); the others' mean. The first
+    # column's, of one positive row: 2 of its 3 (positive, negative) pairs ranked right
+    truth = np.array([[1, 0, 1], [0, 0, 1], [0, 0, 1], [0, 0, 1]])
+    assert mean_column_auc(truth, np.array([[0.3, 0.5, 0.5], [0.2, 0.5, 0.5], [0.4, 0.5, 0.5], [0.1, 0.5, 0.5]])) == (
+        pytest.approx(2 / 3))
+    assert np.isnan(mean_column_auc(truth[:, 1:], np.full((4, 2), 0.5)))
+    # a sigmoid in fp32 reaches 0 and 1 exactly: right and sure costs nothing, not NaN
+    sure = SHAPES["multilabel"].report(truth, truth.astype(float), ["a", "b", "c"], "log_loss", 0.5)
+    assert sure["log_loss"] == pytest.approx(0, abs=1e-6)
 
 
 @pytest.mark.parametrize("metric", ["accuracy", "f1_macro", "f1_weighted", "log_loss", "roc_auc", "qwk"])
@@ -102,6 +117,28 @@ def test_each_classification_metric_is_scikit_learns_on_the_class_of_highest_pro
     assert reported[metric] == pytest.approx(expected, abs=1e-4), (metric, reported[metric], expected)
 
 
+@pytest.mark.parametrize("metric", ["f1_macro", "f1_micro", "f1_weighted", "accuracy", "roc_auc", "log_loss"])
+def test_each_multilabel_metric_is_scikit_learns_at_the_threshold(metric):
+    from sklearn.metrics import accuracy_score, f1_score, log_loss, roc_auc_score
+
+    rng = np.random.default_rng(1)
+    truth = (rng.uniform(size=(80, 4)) < [0.2, 0.4, 0.5, 0.7]).astype(int)  # every column holds 0 and 1
+    probabilities = np.clip(0.35 * truth + rng.uniform(0, 0.65, size=truth.shape), 0.01, 0.99)
+    threshold = 0.6
+    predicted = (probabilities >= threshold).astype(int)
+    expected = {"f1_macro": lambda: f1_score(truth, predicted, average="macro"),
+                "f1_micro": lambda: f1_score(truth, predicted, average="micro"),
+                "f1_weighted": lambda: f1_score(truth, predicted, average="weighted"),
+                "accuracy": lambda: accuracy_score(truth, predicted),  # subset accuracy: every class of a row
+                # Jigsaw's: the mean of the columns' ROC AUC, and of their binary log loss
+                "roc_auc": lambda: roc_auc_score(truth, probabilities, average="macro"),
+                "log_loss": lambda: np.mean([log_loss(truth[:, c], probabilities[:, c]) for c in range(4)])}[metric]()
+    reported = SHAPES["multilabel"].report(truth, probabilities, list("abcd"), metric, threshold)
+    assert 0.05 < accuracy_score(truth, predicted) < 0.95 and 0 < predicted.sum() < predicted.size
+    assert reported[metric] == pytest.approx(expected, abs=1e-4), (metric, reported[metric], expected)
+    assert reported["threshold"] == threshold
+
+
 def test_the_threshold_is_the_best_on_the_grid_nearest_one_half():
     truth = np.array([[1, 0], [0, 1], [1, 1], [0, 0]])
     probabilities = np.array([[0.3, 0.1], [0.1, 0.35], [0.32, 0.4], [0.2, 0.05]])
@@ -122,6 +159,13 @@ def test_submissions_take_the_header_and_form():
     single = submission_frame(SHAPES["classification"], [1, 2], outputs, CLASSES, ["id", "target"], None, None, False)
     assert single.to_dict("list") == {"id": [1, 2], "target": ["food", "sports"]}
     assert check_header(["ID", "score"], SHAPES["regression"], [], "sample.csv") == ["ID", "score"]
+    # Jigsaw's form: one column per class, in the sample's own order, for either kind with classes
+    for kind in ("multilabel", "classification"):
+        header = ["Id", "sports", "food", "music"]
+        assert check_header(header, SHAPES[kind], CLASSES, "s.csv") == header
+    with pytest.raises(PipelineError, match=r"s.csv: columns 'id', 'a', 'b': expected the id column, then one "
+                                            r"prediction column$"):  # regression: no class columns to offer
+        check_header(["id", "a", "b"], SHAPES["regression"], [], "s.csv")
     with pytest.raises(PipelineError, match=r"sample.csv: columns 'id', 'a', 'b': expected the id column, then one "
                                             r"prediction column, or one column per class \(food, music, sports\)"):
         check_header(["id", "a", "b"], shape, CLASSES, "sample.csv")
