@@ -68,6 +68,9 @@ def test_kfold_names_the_class_too_small_for_k():
     assert str(e.value) == ("data/processed/train.csv: too few distinct texts for 5 folds ('rare' has 3); every "
                             "class needs at least one per fold: use at most 3 folds in cv.folds, or more "
                             "examples of those classes")
+    # the most folds the message offers work: one of the rarest class's texts in each
+    folds = kfold_folds(texts, labels, 3, seed=0)
+    assert sorted(folds[labels == "rare"]) == [0, 1, 2]
 
 
 @pytest.mark.parametrize("folds", [[], [1], [0, 2], [1, 0], 5, [True], ["0"]])
