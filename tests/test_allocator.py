@@ -90,7 +90,7 @@ def test_the_train_stage_starts_again_under_tcmalloc_where_measured_faster_and_t
 
 
 @pytest.mark.parametrize("isa, steps, starts", [
-    # what docs/speed-cpu.md and the default run's log tell users of MEASURED's own row: with AMX the
+    # what docs/speed.md (the memory allocator) tells users of MEASURED's own row: with AMX the
     # default run (917 steps) starts again under tcmalloc, which pays from about 440 steps on; measured
     # on no other kind of CPU
     ("AMX", 917, True),
