@@ -110,3 +110,39 @@ def test_a_checkpoint_carries_the_best_to_the_resumed_run(tmp_path):
     resumed.on_evaluate(None, TrainerState(global_step=40, max_steps=100), TrainerControl())
     resumed.finish()
     assert torch.all(resumed_model.weight == 20) and np.array_equal(resumed_scores.logits, RIGHT)
+
+
+def test_a_best_last_evaluation_is_not_restored_and_patience_spent_at_the_end_is_no_early_stop(tmp_path):
+    model, scores = torch.nn.Linear(2, 2), ValidationScores(SHAPES["classification"])
+    keep = KeepBest(model, scores, "f1_macro", ["a", "b", "c"])
+    (tmp_path / "checkpoint-5").mkdir()
+    keep.output_dir, keep.step = str(tmp_path), 5
+    assert keep.state()["attributes"]["best"] is None  # no evaluation yet: nothing to carry
+    assert not (tmp_path / "checkpoint-5" / BEST_FILE).exists()
+    evaluations(keep, scores, model, [HALF, RIGHT])
+    assert not keep.restore()
+    assert keep.finish() == "train.keep_best: the last evaluation (step 20) scored best, f1_macro 1.0000"
+    # the second evaluation without a better score comes at the last step: training ends there anyway
+    model, scores = torch.nn.Linear(2, 2), ValidationScores(SHAPES["classification"])
+    keep = KeepBest(model, scores, "f1_macro", ["a", "b", "c"], patience=2)
+    state, control = evaluations(keep, scores, model, [HALF, RIGHT, HALF, HALF], max_steps=40)
+    assert state.global_step == 40 and keep.stopped_at is None and not control.should_training_stop
+    assert keep.finish() == ("train.keep_best: kept the weights of the evaluation at step 20, f1_macro 1.0000 "
+                             "(the last, at step 40, scored 0.5000)")
+
+
+def test_the_kept_evaluation_is_summarised_and_a_metric_never_scored_keeps_the_last_weights():
+    model, scores = torch.nn.Linear(2, 2), ValidationScores(SHAPES["classification"])
+    keep = KeepBest(model, scores, "f1_macro", ["a", "b", "c"])
+    assert keep.summary() == {}
+    evaluations(keep, scores, model, [HALF, np.eye(3)[[0, 1, 2, 1, 1, 1]] * 5])  # each class's F1 2/3
+    assert keep.summary() == {"step": 20, "f1_macro": 0.6667}  # as metrics.json rounds it
+    # constant outputs have no Pearson correlation: no evaluation scores it, and patience runs out
+    model, scores = torch.nn.Linear(2, 2), ValidationScores(SHAPES["regression"])
+    keep = KeepBest(model, scores, "pearson", ["value"], patience=1)
+    scores((np.zeros((4, 1)), np.array([0.0, 1.0, 2.0, 3.0])))
+    control = TrainerControl()
+    keep.on_evaluate(None, TrainerState(global_step=10, max_steps=100), control)
+    assert control.should_training_stop and keep.summary() == {}
+    assert keep.finish() == ("train.keep_best: no evaluation scored pearson; the last weights are kept; stopped "
+                             "early at step 10: 1 evaluation(s) without a better pearson (train.patience)")

@@ -184,6 +184,8 @@ def test_pseudo_labels_soft_hard_and_share_as_worked_by_hand():
     tags = np.array([[0.97, 0.02], [0.97, 0.6], [0.01, 0.04]])
     rows, targets = pseudo_labels(tags, SHAPES["multilabel"], "hard", 0.95, 1.0, 0)
     assert rows.tolist() == [0, 2] and targets.tolist() == [[1, 0], [0, 0]]
+    rows, _ = pseudo_labels(tags, SHAPES["multilabel"], "hard", 0.96, 1.0, 0)  # 1 - 0.04: sure enough, just
+    assert rows.tolist() == [0, 2]
     # regression: the values, which the student standardises as its labels
     assert SHAPES["regression"].soft_targets(np.array([[3.5], [-1.0]])) == [3.5, -1.0]
     assert SHAPES["regression"].confident is None

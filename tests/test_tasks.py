@@ -13,7 +13,7 @@ from stages.preprocess import order_by_sample
 from stages.split import holdout_folds, kfold_folds
 from tasks.labels import multilabel_list, read_multilabels, read_numbers
 from tasks.scores import best_threshold, mean_column_auc
-from tasks.shapes import SHAPES, competition_metric
+from tasks.shapes import SHAPES, competition_metric, headline
 from tasks.submission import check_header, submission_frame
 
 CLASSES = ["food", "music", "sports"]
@@ -145,6 +145,72 @@ def test_the_threshold_is_the_best_on_the_grid_nearest_one_half():
     threshold = best_threshold(truth, probabilities, "f1_micro")
     assert 0.2 < threshold <= 0.3 and threshold == pytest.approx(0.3)  # 0.21 to 0.30 score alike: nearest 0.5
     assert best_threshold(truth, probabilities, "roc_auc") == best_threshold(truth, probabilities, "f1_macro")
+
+
+def test_multilabel_and_regression_score_raw_outputs_during_training_as_scikit_learn_does():
+    from scipy.stats import pearsonr, spearmanr
+    from sklearn.metrics import accuracy_score, f1_score, mean_absolute_error, root_mean_squared_error
+
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(40, 4))
+    logits[:, 3] = -5  # a class no row has and none is predicted: scored 0, scikit-learn's zero_division=0
+    logits[0, 0] = 0.0  # a sigmoid of exactly 0.5: predicted, as at the threshold 0.5
+    targets = (rng.uniform(size=(40, 4)) < [0.4, 0.5, 0.3, 0]).astype(float)
+    predicted = (1 / (1 + np.exp(-logits)) >= 0.5).astype(int)
+    assert predicted[0, 0] == 1 and predicted[:, 3].sum() == targets[:, 3].sum() == 0
+    expected = {"accuracy": accuracy_score(targets, predicted),
+                "f1_macro": f1_score(targets, predicted, average="macro", zero_division=0),
+                "f1_micro": f1_score(targets, predicted, average="micro")}
+    assert SHAPES["multilabel"].evaluation_scores(logits, targets) == pytest.approx(expected, abs=1e-9)
+    # regression: standardised outputs and targets, scored in the target's units
+    outputs, standardised = rng.normal(size=(30, 1)), rng.normal(size=30)
+    values, truth = outputs[:, 0] * 4 + 50, standardised * 4 + 50
+    expected = {"rmse": root_mean_squared_error(truth, values), "mae": mean_absolute_error(truth, values),
+                "pearson": pearsonr(truth, values)[0], "spearman": spearmanr(truth, values)[0]}
+    regression = SHAPES["regression"]
+    assert regression.evaluation_scores(outputs, standardised, (50.0, 4.0)) == pytest.approx(expected, abs=1e-6)
+    assert regression.activate(outputs, None)[:, 0] == pytest.approx(outputs[:, 0])  # no scale: the values
+    constant = regression.evaluation_scores(np.zeros((4, 1)), np.array([-1.0, 0.0, 1.0, 2.0]))
+    assert constant["pearson"] == constant["spearman"] == 0  # no correlation yet: 0 on the curve, not NaN
+    assert regression.target_scale([2.0, 4.0, 9.0]) == pytest.approx((5.0, np.std([2.0, 4.0, 9.0])))
+    assert regression.target_scale([3.0, 3.0]) == (3.0, 1.0)  # a constant target: no division by 0
+
+
+def test_each_shape_decides_and_tabulates_its_outputs_as_worked_by_hand():
+    classes = ["a", "b", "c"]
+    single = SHAPES["classification"]
+    assert single.encode(["b", "", "a"], classes).tolist() == [1, -1, 0]  # unlabelled: -1
+    assert single.soft_label(1, classes) == [0.0, 1.0, 0.0]  # a train row's class index, as probabilities
+    probabilities = np.array([[0.2, 0.5, 0.3], [0.6, 0.1, 0.3]])
+    assert single.decide(probabilities, classes, None, None) == ["b", "a"]
+    assert single.indicators(probabilities, None).tolist() == [[0, 1, 0], [1, 0, 0]]
+    assert single.confusion(np.array([1, 2]), probabilities, classes, None).to_dict("list") == {
+        "actual": ["b", "c"], "predicted": ["b", "a"]}
+    # multi-label: a class at the threshold is predicted; a confusion row per class found, missed or added
+    tags = SHAPES["multilabel"]
+    outputs = np.array([[0.5, 0.2], [0.7, 0.6], [0.1, 0.49]])
+    assert tags.decide(outputs, ["x", "y"], 0.5, "|") == ["x", "x|y", ""]
+    truth = np.array([[1, 1], [0, 1], [0, 0]])
+    assert tags.confusion(truth, outputs, ["x", "y"], 0.5).values.tolist() == [
+        ["x", "x"], ["y", "(none)"], ["(none)", "x"], ["y", "y"]]
+    # regression: values in the truth's quantile bins, the outermost taking what lies beyond them
+    values = SHAPES["regression"]
+    assert values.decide(np.array([[1.5], [-2.0]]), [], None, None).tolist() == [1.5, -2.0]
+    truth = np.arange(11.0)  # deciles at 0, 1, ..., 10
+    table = values.confusion(truth, np.array([[-5.0], [0.5], [3.5], [9.5], [99.0], *[[5.5]] * 6]), [], None)
+    assert table["predicted"].tolist()[:5] == ["0 to 1", "0 to 1", "3 to 4", "9 to 10", "9 to 10"]
+    assert table["actual"].iloc[[0, -1]].tolist() == ["0 to 1", "9 to 10"]
+    assert set(table["actual"]) <= {f"{v} to {v + 1}" for v in range(10)}
+    # k-fold strata: as many bins as hold 2 x k rows each, at most 10
+    strata = values.strata([str(v) for v in range(35)], [], 5)
+    assert len(set(strata)) == 3 and min(pd.Series(strata).value_counts()) >= 10
+    assert set(values.strata([str(v) for v in range(12)], [], 5)) == {"0 to 11"}  # too few rows for 2 bins
+
+
+def test_the_headline_scores_end_with_the_competition_metric_when_it_is_another():
+    assert headline("classification", "f1_macro") == ("f1_macro", "accuracy")
+    assert headline("classification", "qwk") == ("f1_macro", "accuracy", "qwk")
+    assert headline("regression", "pearson") == ("rmse", "mae", "pearson", "spearman")
 
 
 def test_submissions_take_the_header_and_form():

@@ -78,6 +78,19 @@ def test_reinitialising_the_top_layer_changes_it_and_the_pooler_only(tiny_bert):
     assert not any(".layer.1." in n or "embeddings" in n or "classifier" in n for n in changed)
 
 
+def test_reinitialising_none_all_or_too_many_layers(tiny_bert):
+    before = {n: p.detach().clone() for n, p in tiny_bert.named_parameters()}
+    assert layerwise.reinitialise_top(tiny_bert, 0) == []
+    assert all(torch.equal(p, before[n]) for n, p in tiny_bert.named_parameters())
+    top = layerwise.reinitialise_top(tiny_bert, 1)
+    assert {n.split(".")[3] for n in top if ".layer." in n} == {"2"} and "bert.pooler.dense.weight" in top
+    names = layerwise.reinitialise_top(tiny_bert, 3)
+    assert {n.split(".")[3] for n in names if ".layer." in n} == {"0", "1", "2"}
+    assert not any("embeddings" in n or "classifier" in n for n in names)
+    with pytest.raises(ValueError, match="the model has 3 layers; cannot re-initialise 4"):
+        layerwise.reinitialise_top(tiny_bert, 4)
+
+
 # ---- weight averaging -----------------------------------------------------------------------------
 
 def test_ema_and_swa_updates_match_a_hand_computation():
@@ -106,6 +119,60 @@ def test_swapping_the_average_in_and_out_restores_the_weights_bit_for_bit(tiny_b
     assert all(torch.allclose(weights[n], expected[n], atol=1e-6) for n in weights)
     average.swap(weights)
     assert all(torch.equal(weights[n], mine[n]) for n in weights)
+
+
+def test_the_averaging_callback_averages_from_its_step_scores_the_average_and_keeps_it_at_the_end(tmp_path, capsys):
+    """Trainer's events by hand, 4 optimizer steps leaving the weight at 1, 2, 3, 4, evaluations at steps 1, 3
+    and 4, checkpoints at steps 1 and 3. swa from train.average_from 0.25: steps after step 1, so 2, 3, 4."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    def train(callback, model, steps, checkpoints=(), stop_after=4):
+        args, control = SimpleNamespace(process_index=0, output_dir=str(tmp_path)), TrainerControl()
+        state = TrainerState(max_steps=4, global_step=steps[0] - 1)
+        callback.on_train_begin(args, state, control)
+        scored = []
+        for step in steps[:stop_after - steps[0] + 1]:
+            with torch.no_grad():
+                model.weight.fill_(step)  # what the optimizer step made of the weights
+            state.global_step, control.should_evaluate = step, step != 2
+            callback.on_step_end(args, state, control)
+            if control.should_evaluate:
+                scored.append(model.weight.item())
+                callback.on_evaluate(args, state, control)
+                control.should_evaluate = False
+            if step in checkpoints:
+                (tmp_path / f"checkpoint-{step}").mkdir()
+                callback.on_save(args, state, control)
+        callback.on_train_end(args, state, control)
+        return scored, model.weight.item()
+
+    model = torch.nn.Linear(1, 1, bias=False)
+    assert train(averaging.AveragingCallback(model, "swa", 0.99, 0.25), model, [1, 2, 3, 4], checkpoints=(1, 3)) == (
+        [1.0, 2.5, 3.0], 3.0)  # evaluated: the weights, the mean of 2, 3, then of 2, 3, 4, which the model keeps
+    assert "the model keeps the swa of the weights of 3 optimizer steps (at most 1 from the last step's)" in (
+        capsys.readouterr().out)
+    assert not (tmp_path / "checkpoint-1" / averaging.FILE).exists()  # nothing averaged yet
+    saved = load_file(tmp_path / "checkpoint-3" / averaging.FILE)
+    assert saved["weight"].item() == 2.5  # the average at the checkpoint, not the weights evaluated in its place
+    # resumed from the checkpoint: the same average goes on
+    model = torch.nn.Linear(1, 1, bias=False)
+    resumed = averaging.AveragingCallback(model, "swa", 0.99, 0.25, resume=tmp_path / "checkpoint-3")
+    assert train(resumed, model, [4]) == ([3.0], 3.0)
+    # from a checkpoint before averaging started, nothing was lost: nothing to say
+    assert train(averaging.AveragingCallback(model, "swa", 0.99, 0.25, resume=tmp_path / "checkpoint-1"), model,
+                 [2, 3, 4]) == ([2.5, 3.0], 3.0)
+    assert "the average starts again" not in capsys.readouterr().out
+    # a checkpoint without the average: said, and the average starts again
+    (tmp_path / "checkpoint-3" / averaging.FILE).unlink()
+    restarted = averaging.AveragingCallback(model, "swa", 0.99, 0.25, resume=tmp_path / "checkpoint-3")
+    assert train(restarted, model, [4]) == ([4.0], 4.0)
+    assert "checkpoint-3 has no averaged.safetensors; the average starts again at step 4" in capsys.readouterr().out
+    # stopped early (patience): the last evaluation's weights were given back; the model keeps its own
+    model = torch.nn.Linear(1, 1, bias=False)
+    assert train(averaging.AveragingCallback(model, "ema", 0.5, 0.0), model, [1, 2, 3, 4], stop_after=3) == (
+        [1.0, 2.25], 3.0)  # ema at 0.5 of 1, 2, 3: 1, 1.5, 2.25
 
 
 # ---- adversarial training -------------------------------------------------------------------------
@@ -150,6 +217,32 @@ def test_awp_perturbs_weights_within_eps_and_restores_them_exactly(tiny_bert):
     assert all(torch.equal(p, before[n]) for n, p in tiny_bert.named_parameters())
 
 
+def test_awp_moves_each_weight_up_its_gradient_scaled_by_its_norm_as_worked_by_hand():
+    model = torch.nn.Sequential(*[torch.nn.Linear(2 if i == 0 else 1, 1, bias=i == 1) for i in range(5)])
+    with torch.no_grad():
+        for layer, weight in zip(model, ([[1.0, -2.0]], 3.0, 2.0, 4.0, 5.0)):
+            layer.weight.copy_(torch.tensor(weight).expand_as(layer.weight))
+        model[1].bias.fill_(0.5)
+    model[4].weight.requires_grad_(False)
+    for layer, grad in zip(model, ([[3.0, 4.0]], 0.0, 1.0, float("inf"), 1.0)):
+        layer.weight.grad = torch.tensor(grad).expand_as(layer.weight).clone()
+    model[1].bias.grad = torch.ones(1)
+    awp = adversarial.make("awp", model, 1, fgm_epsilon=1.0, awp_lr=0.1, awp_eps=0.1)
+    assert (awp.lr, awp.eps, awp.start_epoch) == (0.1, 0.1, 1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    # lr x gradient / |gradient| x |weight|, then within 10% of each weight: [1, -2] by 0.1 x [0.6, 0.8] x sqrt(5)
+    step = 0.1 * np.array([0.6, 0.8]) * math.sqrt(5)  # [0.134, 0.179]
+    with awp.perturbed(model):
+        assert model[0].weight.detach().numpy()[0] == pytest.approx([1.1, -2.0 + step[1]], abs=1e-6)  # 1.1: clamped
+        assert model[2].weight.item() == pytest.approx(2.2, abs=1e-6)  # a gradient of norm 1: 0.1 x 2
+        # left alone: a zero or infinite gradient, a bias, a frozen weight
+        assert [model[1].weight.item(), model[1].bias.item(), model[3].weight.item(), model[4].weight.item()] == [
+            3.0, 0.5, 4.0, 5.0]
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters()) and awp.attacks == 1
+    assert adversarial.make("none", model, 0, 1.0, 1.0, 0.01) is None
+    assert [awp.active(epoch) for epoch in (None, 0.99, 1.0, 2.5)] == [False, False, True, True]
+
+
 # ---- imbalanced classes ---------------------------------------------------------------------------
 
 def test_balanced_weights_are_scikit_learns():
@@ -182,6 +275,45 @@ def test_weighted_and_focal_losses_match_torch_and_a_hand_computation():
     # over an accumulated step: the sum over its micro-batches' rows, over all of them
     halves = sum(losses.classification_loss(logits[i:i + 1], labels[i:i + 1], weight, reduction_total=2) for i in (0, 1))
     assert torch.allclose(halves, plain)
+
+
+def test_balanced_weights_of_a_missing_or_constant_class_are_1():
+    assert np.allclose(losses.balanced_class_weights([0, 0, 1], 3), [3 / 4, 3 / 2, 1])  # class 2: no row
+    indicators = np.array([[1, 0, 1], [1, 0, 0], [np.nan, np.nan, np.nan], [1, 0, 1]])  # a row unlabelled
+    assert np.allclose(losses.balanced_pos_weights(indicators), [1, 1, 1 / 2])  # always, never, 2 of 3
+
+
+def test_soft_targets_cost_cross_entropy_against_probabilities_and_trainer_gets_each_loss_by_its_labels():
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 1.0]])
+    weight = torch.tensor([2.0, 1.0, 0.5])
+    labels = torch.tensor([0, 2])
+    one_hot = F.one_hot(labels, 3).float()
+    for gamma in (0.0, 2.0):  # one-hot targets: the hard loss exactly
+        assert torch.allclose(losses.soft_classification_loss(logits, one_hot, weight, gamma),
+                              losses.classification_loss(logits, labels, weight, gamma))
+    targets = torch.tensor([[0.7, 0.3, 0.0], [0.0, 0.5, 0.5]])
+    p = np.exp(logits.numpy()) / np.exp(logits.numpy()).sum(axis=1, keepdims=True)
+    t = targets.numpy()
+    cross = -(t * np.log(p)).sum(axis=1)
+    row_weight, q = t @ weight.numpy(), (t * p).sum(axis=1)  # [1.7, 0.75]
+    by_hand = (row_weight * (1 - q) ** 2 * cross).sum() / 5
+    assert losses.soft_classification_loss(logits, targets, weight, 2.0, reduction_total=5).item() == pytest.approx(
+        by_hand, rel=1e-5)
+    # Trainer's compute_loss_func: class indices, probabilities, or 0/1 per class, over the step's rows
+    outputs = {"logits": logits}
+    hard = losses.TaskLoss("classification", [2.0, 1.0, 0.5])(outputs, labels, num_items_in_batch=4)
+    assert torch.allclose(hard, F.cross_entropy(logits, labels, weight=weight, reduction="sum") / 4)
+    soft = losses.TaskLoss("classification")(outputs, targets)
+    assert soft.item() == pytest.approx(cross.mean(), rel=1e-5)
+    tags = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    multilabel = losses.TaskLoss("multilabel", [3.0, 1.0, 1.0], gamma=0.0)(outputs, tags, num_items_in_batch=2)
+    assert torch.allclose(multilabel, F.binary_cross_entropy_with_logits(
+        logits, tags, pos_weight=torch.tensor([3.0, 1.0, 1.0]), reduction="sum") / 2)
+    s = 1 / (1 + np.exp(-logits.numpy()))  # focal at gamma 2: each term times (1 - p of the right 0/1) squared
+    right, tags_np = np.where(tags.numpy() == 1, s, 1 - s), tags.numpy()
+    bce = -(tags_np * np.log(s) + (1 - tags_np) * np.log(1 - s))
+    assert losses.multilabel_loss(logits, tags, gamma=2.0).item() == pytest.approx(((1 - right) ** 2 * bce).mean(),
+                                                                                   rel=1e-5)
 
 
 def test_explicit_class_weights_name_every_class_or_say_which_not():
