@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from fetching.archives import pick, unsafe_entry
 from fetching.builtin import split_builtin
 from fetching.download import url_file_name
-from fetching.failures import advice, page_text
+from fetching.failures import advice, first_sentence, page_text, shorten
 from pipeline.settings import PipelineError
 from stages import fetch
 from tests.fetch_helpers import TEST, TRAIN, error_line, make_tgz, make_zip, old_raw, run_stage, snapshot, write_params
@@ -135,6 +135,11 @@ def test_page_text_and_advice():
     signin = "<html><title>Sign in - Google Accounts</title></html>"
     assert page_text(signin) == "Sign in - Google Accounts"
     assert "Anyone with the link" in advice("Sign in - Google Accounts")
+    # every error one line: whitespace collapsed, cut with an ellipsis to the limit (200 unless given)
+    assert shorten("a  b\n c", 5) == "a b c" and shorten("abcdef", 5) == "abcd…"
+    assert shorten("x" * 200) == "x" * 200 and shorten("x" * 201) == "x" * 199 + "…"
+    assert first_sentence("Quota exceeded. Try later.") == "Quota exceeded." and len(first_sentence("y" * 300)) == 120
+    assert page_text("z" * 300) == "z" * 119 + "…"  # no title: the page's start, as a sentence
 
 
 def test_net_settings():

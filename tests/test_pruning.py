@@ -136,6 +136,26 @@ def test_the_median_rule_stops_a_trial_between_folds(tmp_path):
     assert study.trials[0].intermediate_values == {0: 0.9, 1: 0.88, 2: 0.91}
 
 
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_wilcoxon_stops_a_trial_once_its_folds_are_worse_with_p_below_one_tenth(tmp_path):
+    study, url = new_study(tmp_path, "wilcoxon")
+    trial = study.ask()
+    link = link_for(trial, url, "fold", "wilcoxon")
+    for fold in range(10):
+        report_fold(link, fold, 0.9 - 0.01 * (fold % 3), steps=40)
+    study.tell(trial, 0.89)
+    trial = study.ask()
+    link = link_for(trial, url, "fold", "wilcoxon")
+    stopped = []
+    for fold in range(10):
+        stopped.append(prune_at_fold(link, fold))
+        if stopped[-1]:
+            break
+        report_fold(link, fold, 0.3 + 0.01 * (fold % 2), steps=40)
+    # n folds all worse than the best trial's: a one-sided signed-rank p of 1 / 2^n, first below 0.1 at n = 4
+    assert stopped == [False] * 4 + [True] and study.trials[1].user_attrs["pruned_at"] == "fold 4"
+
+
 def test_a_study_out_of_reach_lets_the_training_run_to_its_end(tmp_path, capsys):
     link = TrialLink(f"sqlite:///{tmp_path / 'no-such-dir/studies.db'}", "s", 1, 0, "f1_macro", "fold", "median")
     assert link.open() is None

@@ -2,6 +2,8 @@
 max_length auto and the throughput counters. Speed itself is measured by bench/benchmark.py; the precision
 a step trains in, torch.compile and the memory allocator have their own tests (test_precision.py,
 test_compiling.py, test_allocator.py), and the bench tools' logic is in test_bench.py."""
+import os
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -12,7 +14,14 @@ from predicting.inference import make_collator
 from reading.tokens import auto_max_length, model_limit, pack_sequences, unpack_sequences
 from stages.train import MACHINE_PARAMS, TRAIN_PARAMS
 from training.arguments import training_arguments
-from training.batch_size import choose_batch_size, cuda_fits, find_batch_size, memory_budget
+from training.batch_size import (
+    choose_batch_size,
+    cuda_fits,
+    find_batch_size,
+    memory_budget,
+    pick_batch_size,
+    use_expandable_segments,
+)
 from training.data import TokenizedDataset
 from training.speed import CountingTrainer, Throughput
 
@@ -120,6 +129,20 @@ def test_batch_finder_reports_what_fits_when_nothing_or_too_much_is_asked():
     with pytest.raises(PipelineError, match=r"train.batch_size 12 does not divide the 32 examples .* use auto or "
                                             r"one of 1, 2, 4, 8, 16, 32$"):
         choose_batch_size(12, 32, fits, seq_len=64)
+
+
+def test_a_cpu_takes_the_batch_asked_unprobed_and_a_gpu_allocator_setting_made_by_the_user_wins(monkeypatch):
+    sequences = [[5] * 7, [5] * 13, [5] * 9]
+    assert pick_batch_size(None, sequences, "auto", 32, "bf16", "cpu") == (32, 1, 13)  # no model needed
+    assert pick_batch_size(None, sequences, 8, 32, "no", "cpu") == (8, 4, 13)
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    use_expandable_segments()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:128")
+    use_expandable_segments()
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
 
 
 def test_a_gpu_shared_with_other_processes_gives_this_one_its_share():
