@@ -137,12 +137,15 @@ def test_the_kept_evaluation_is_summarised_and_a_metric_never_scored_keeps_the_l
     assert keep.summary() == {}
     evaluations(keep, scores, model, [HALF, np.eye(3)[[0, 1, 2, 1, 1, 1]] * 5])  # each class's F1 2/3
     assert keep.summary() == {"step": 20, "f1_macro": 0.6667}  # as metrics.json rounds it
-    # constant outputs have no Pearson correlation: no evaluation scores it, and patience runs out
+    # constant outputs have no Pearson correlation: no evaluation scores it, and patience runs out at the second
     model, scores = torch.nn.Linear(2, 2), ValidationScores(SHAPES["regression"])
-    keep = KeepBest(model, scores, "pearson", ["value"], patience=1)
-    scores((np.zeros((4, 1)), np.array([0.0, 1.0, 2.0, 3.0])))
-    control = TrainerControl()
-    keep.on_evaluate(None, TrainerState(global_step=10, max_steps=100), control)
-    assert control.should_training_stop and keep.summary() == {}
+    keep = KeepBest(model, scores, "pearson", ["value"], patience=2)
+    stopped = []
+    for step in (10, 20):
+        scores((np.zeros((4, 1)), np.array([0.0, 1.0, 2.0, 3.0])))
+        control = TrainerControl()
+        keep.on_evaluate(None, TrainerState(global_step=step, max_steps=100), control)
+        stopped.append(control.should_training_stop)
+    assert stopped == [False, True] and keep.summary() == {}
     assert keep.finish() == ("train.keep_best: no evaluation scored pearson; the last weights are kept; stopped "
-                             "early at step 10: 1 evaluation(s) without a better pearson (train.patience)")
+                             "early at step 20: 2 evaluation(s) without a better pearson (train.patience)")
