@@ -32,11 +32,11 @@ line="${NEWCOMER_QUICKSTART:-$line}"
 echo "newcomer: in $clone"
 echo "newcomer: the quick start: $line"
 # a new shell, as a user's: no virtualenv of this session active
-env -u VIRTUAL_ENV -u PYTHONPATH PATH="$(sed "s|${VIRTUAL_ENV:-/nonexistent}/bin:||g" <<<"$PATH")" bash -euo pipefail -c "$line"
+user_path=$(sed "s|${VIRTUAL_ENV:-/nonexistent}/bin:||g" <<<"$PATH")
+env -u VIRTUAL_ENV -u PYTHONPATH PATH="$user_path" bash -euo pipefail -c "$line"
 echo "newcomer: the test command: bash scripts/test.sh $*"
 status=0
-env -u VIRTUAL_ENV -u PYTHONPATH PATH="$(sed "s|${VIRTUAL_ENV:-/nonexistent}/bin:||g" <<<"$PATH")" \
-  bash scripts/test.sh "$@" || status=$?
+env -u VIRTUAL_ENV -u PYTHONPATH PATH="$user_path" bash scripts/test.sh "$@" || status=$?
 # the clone's .venv holds the quick start's torch, where pip picked a CUDA build several GB with its
 # libraries: a few clones left behind once filled the disk
 echo "newcomer: the tests exited $status; the clone stays for reading, $(du -sh "$clone" | cut -f1): rm -rf $clone"
