@@ -4,17 +4,18 @@
 # come back. Prepare here with `bash ../shared/gpu/prepare.sh` (fills .gpu/), then on the machine,
 # from the project root, with .gpu carried along:
 #   bash scripts/gpu-speed.sh [STEP ...]      # default: every step, in this order
-# Steps (the most wanted first), with the seconds each took on the H200 on 2026-12-04 where it ran then:
+# Steps (the most wanted first), with the seconds each took on the H200 on 2026-12-04 where it ran then, and
+# on an H100 on 2026-12-05 (all six in 472 s; docs/speed-gpu.md):
 #   candidates      bench.candidates --gpu: SDPA without cuDNN's kernel, fp32 (TF32), torch.compile, CUDA
 #                   graphs, padding-free batches, each against the defaults side by side (MiniLM, the
-#                   default batch), after one untimed run of the defaults (about 150 s)
-#   candidates-base the same for a bert-base-sized model at an effective batch of 256 (about 150 s)
+#                   default batch), after one untimed run of the defaults (about 150 s; the H100 98 s)
+#   candidates-base the same for a bert-base-sized model at an effective batch of 256 (about 150 s; 139 s)
 #   profile-minilm  bench.profile_step --gpu: where a default MiniLM step's time goes, fp32 and bf16, after
-#                   150 untimed steps: the first steps of each batch shape are slower (38 s with 5)
-#   profile-base    the same for the bert-base-sized model at an effective batch of 256 (43 s with 5)
-#   repro           the default `dvc repro` (113 s; its log holds the train stage's choices and speed)
+#                   150 untimed steps: the first steps of each batch shape are slower (38 s with 5; 23 s)
+#   profile-base    the same for the bert-base-sized model at an effective batch of 256 (43 s with 5; 37 s)
+#   repro           the default `dvc repro` (113 s; 58 s; its log holds the train stage's choices and speed)
 #   benchmark       python -m bench.benchmark --gpu --training-only --compile: rows 3-5, the padding-free
-#                   rows and row 7, compile's cost (rows 3-5 and padding-free took about 205 s); a
+#                   rows and row 7, compile's cost (rows 3-5 and padding-free took about 205 s; all 107 s); a
 #                   second call, as `bash scripts/gpu-speed.sh benchmark`, where the first one's deadline cut it
 # Logs go to $OUT (the device tool's folder), else a new folder under /tmp (its path printed); the deadline is
 # GPU_SPEED_SECONDS (default 570: under the device tool's 600 s per command).

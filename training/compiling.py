@@ -28,6 +28,11 @@ MEASURED = {
     # bench.candidates at 24 and 50 steps), the attention in fp32 as the stage trains there; the first
     # compiling, Inductor's cache empty, took 49 s, about 440 eager steps: it pays from about 4,900 steps on
     ("cpu", "AMX", "bfloat16"): (1.10, 440),
+    # 1.13x side by side against warm eager steps (bench.candidates --gpu, 2026-12-05; a bert-base-sized model at
+    # an effective batch of 256 gained 1.22x); its two compilings took 30 s more than a row without, 9 s for one
+    # with Inductor's cache filled (row 7), so about 21 s for the first, about 1,900 eager steps of 11 ms: it pays
+    # from about 16,500 steps on
+    ("cuda", "NVIDIA H100 80GB HBM3", "bfloat16"): (1.13, 1900),
 }
 
 
