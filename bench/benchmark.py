@@ -69,8 +69,8 @@ from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from stages.train import TRAIN_PARAMS
 from training import allocator
-from training.models import resolve_model
-from training.precision import autocast_dtype, cpu_bf16_speedup, cpu_has_bf16, cpu_isa
+from modeling.models import resolve_model
+from modeling.precision import autocast_dtype, cpu_bf16_speedup, cpu_has_bf16, cpu_isa
 
 
 def _yes(flag):

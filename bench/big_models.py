@@ -24,7 +24,7 @@ from bench.training import train_as_the_stage
 from pipeline.settings import load_params
 from stages.train import MACHINE_PARAMS, TRAIN_PARAMS
 from training import lora, lowmemory
-from training.models import resolve_model
+from modeling.models import resolve_model
 
 SETTINGS = {  # row name: the train.* keys changed from params.yaml
     "full fine-tuning": {},

@@ -7,7 +7,7 @@ real tokens/s. The embedded MiniLM on the embedded tweets at the train stage's s
     python -m bench.candidates --gpu --only compile cuda_graphs unpadded --model bert-base   # on one GPU
 
 The defaults side trains as the train stage does on this machine, its attention in fp32 where this CPU's
-bf16 attention is the slower (training/attention.py). Candidates (each alone, the defaults otherwise):
+bf16 attention is the slower (modeling/attention.py). Candidates (each alone, the defaults otherwise):
 - fp32: train.mixed_precision false (below 1x by what mixed precision gains here);
 - fp32_attention: the attention in fp32 inside bf16 autocast, wherever the stage would put it;
 - bf16_attention: SDPA's kernel in the training precision, wherever the stage would put it in fp32;
@@ -79,8 +79,8 @@ from stages.train import TRAIN_PARAMS
 from training import attention, compiling, first_token, unpadded
 from training.arguments import replace_arguments, training_arguments
 from training.batch_size import pick_batch_size
-from training.models import resolve_model
-from training.precision import autocast_dtype, cpu_isa
+from modeling.models import resolve_model
+from modeling.precision import autocast_dtype, cpu_isa
 
 # name: (train.* changes, fp32 attention (None: the train stage's choice here), attn_implementation,
 # TrainingArguments changes)

@@ -22,7 +22,7 @@ from transformers import (
 )
 from transformers.trainer_callback import PrinterCallback
 
-from training.models import resolve_model
+from modeling.models import resolve_model
 
 
 class SaveTimer(TrainerCallback):

@@ -13,7 +13,7 @@ from reading.cleaning import CLEANING_SWITCHES, clean_frame
 from reading.csvfiles import read_csv
 from reading.tokens import auto_max_length, model_limit, pack_sequences, tokenize_texts, unpack_sequences
 from training.data import TokenizedDataset
-from training.models import load_model, resolve_model, set_dropout
+from modeling.models import load_model, resolve_model, set_dropout
 from training.speed import Throughput
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ GOALS = {"tokenize": 3.0, "memory": 1.3, "train": 3.0, "bf16": 1.6, "mfu": 0.5, 
 
 def hardware_goals(device, isa):
     """Rows 4 and 5's goals on this hardware: {"bf16": least bf16 / fp32 training speed, "mfu": least share
-    of the matmul peak in the precision trained in, "why": in words}. isa: training.precision.cpu_isa().
+    of the matmul peak in the precision trained in, "why": in words}. isa: modeling.precision.cpu_isa().
     On AMX, bf16 matmuls run about 6x fp32's, so training in bf16 must gain at least 1.6x and reach 25% of
     the bf16 peak (issue 28); elsewhere on a CPU bf16 must be no slower than fp32, and the share of the
     peak stays the goal it was (50%)."""

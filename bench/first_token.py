@@ -23,8 +23,8 @@ from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from stages.train import TRAIN_PARAMS
 from training import first_token
-from training.models import resolve_model
-from training.precision import cpu_isa
+from modeling.models import resolve_model
+from modeling.precision import cpu_isa
 
 ORDER = (False, True, True, False, False, True)  # first token only?
 

@@ -44,8 +44,8 @@ from transformers import get_linear_schedule_with_warmup, set_seed
 from predicting.inference import make_collator, predict_logits
 from reading.tokens import tokenize_rows
 from reading.windows import Cutting, mean_by_text
-from training.models import load_model, resolve_model
-from training.precision import cpu_has_bf16
+from modeling.models import load_model, resolve_model
+from modeling.precision import cpu_has_bf16
 
 HOWS = ("head", "tail", "head_tail", "windows")
 

@@ -44,7 +44,7 @@ def build_pipeline_repo(root, tokenizer):
     repo.mkdir()
     for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):
         shutil.copy(REPO / name, repo / name)
-    for folder in ("stages", "pipeline", "fetching", "reading", "tasks", "training", "predicting", "jobs", "baselines",
+    for folder in ("stages", "pipeline", "fetching", "reading", "tasks", "training", "predicting", "modeling", "baselines",
                    "students"):  # what dvc.yaml runs, and the students' folder evaluate depends on
         shutil.copytree(REPO / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
     params = yaml.safe_load((repo / "params.yaml").read_text())

@@ -22,8 +22,8 @@ from stages.preprocess import PREPROCESS_PARAMS
 from stages.pretrain import PRETRAIN_PARAMS
 from training import mlm
 from training.arguments import pretraining_arguments
-from training.models import resolve_model
-from training.precision import autocast_dtype, cpu_isa
+from modeling.models import resolve_model
+from modeling.precision import autocast_dtype, cpu_isa
 
 def run(params, tokenizer, sequences, masked_only, steps, dtype, folder):
     """(seconds, tokens, final training loss) of `steps` pretraining steps from the same start."""

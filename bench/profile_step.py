@@ -2,7 +2,7 @@
 MiniLM at the train stage's settings (length-grouped batches of the embedded tweets, train.dropout,
 train.freeze_embeddings, the fused AdamW), in bf16 autocast and in fp32, each operation's own time
 sorted into a few kinds of work; and bf16 with the attention in fp32, as the train stage now trains
-where this CPU's bf16 attention is the slower (training/attention.py).
+where this CPU's bf16 attention is the slower (modeling/attention.py).
 
     python -m bench.profile_step                 # both precisions, 10 profiled steps each after 20 untimed (150 on a GPU)
     python -m bench.profile_step --steps 20 --threads 1 --compile   # compiled (train.compile) as a third column
@@ -64,8 +64,8 @@ from stages.train import TRAIN_PARAMS
 from training import attention, compiling, first_token
 from training.arguments import replace_arguments, training_arguments
 from training.batch_size import pick_batch_size
-from training.models import resolve_model
-from training.precision import cpu_isa
+from modeling.models import resolve_model
+from modeling.precision import cpu_isa
 from training.speed import CountingTrainer, Throughput
 
 CASTS = "dtype casts (autocast)"
@@ -305,7 +305,7 @@ def main():
              f"cpu ({cpu_isa()}), {torch.get_num_threads()} torch threads")
     print(f"profile of {opts.model} on {where}, load average {load_average()}; torch {torch.__version__}; "
           f"max_length {max_length}, effective batch {params['effective_batch_size']}")
-    # (column, bf16, compiled, attention in fp32): "bf16" is the defaults before training/attention.py,
+    # (column, bf16, compiled, attention in fp32): "bf16" is the defaults before modeling/attention.py,
     # which changes nothing on a GPU
     runs = [("fp32", False, False, False), ("bf16", True, False, False)]
     runs += [] if opts.gpu else [("bf16 fp32-attention", True, False, True)]

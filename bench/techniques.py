@@ -36,7 +36,7 @@ from training import techniques
 from training.arguments import training_arguments
 from training.data import TokenizedDataset
 from training.evaluation import ValidationScores, evaluated_at_end
-from training.models import load_model, resolve_model
+from modeling.models import load_model, resolve_model
 from training.speed import CountingTrainer, Throughput
 
 MAX_LENGTH = 64  # tweets: 99.9% of them fit (tokenize.max_length auto gives about this)

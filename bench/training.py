@@ -27,7 +27,7 @@ from predicting.inference import make_collator
 from training import attention, compiling, first_token, unpadded
 from training.arguments import replace_arguments, training_arguments
 from training.batch_size import pick_batch_size
-from training.precision import autocast_dtype, cpu_bf16_speedup
+from modeling.precision import autocast_dtype, cpu_bf16_speedup
 from training.speed import CountingTrainer, Throughput, peak_memory
 
 COMPILE_WARMUP = 10  # steps: the row for torch.compile times what follows its compiling
@@ -37,7 +37,7 @@ def stage_callbacks(model, args, tokenizer, sequences):
     """What the train stage does to the model for these settings that changes its speed: its last layer
     computes the first token only where that gives its own logits (training/first_token.py, checked on a
     few of `sequences`); its attention in fp32 inside bf16 autocast where this CPU's bf16 attention is
-    slower (training/attention.py); and the callbacks it adds: one compiled graph for every batch shape
+    slower (modeling/attention.py); and the callbacks it adds: one compiled graph for every batch shape
     (training/compiling.py)."""
     device = "cpu" if args.use_cpu else "cuda"
     first_token.choose(model, first_token.check_batch(make_collator(tokenizer, device), sequences))
@@ -206,7 +206,7 @@ def report_recipe(as_model, as_set, steps, params):
 
 def times_bf16(device, has_bf16, matmul_speedup):
     """Whether row 4 trains in bf16 to time it: on a GPU, and on a CPU with bf16 instructions whose bf16
-    matmuls are at least as fast as fp32's (training.precision.cpu_bf16_speedup). Where they are slower the
+    matmuls are at least as fast as fp32's (modeling.precision.cpu_bf16_speedup). Where they are slower the
     train stage trains in fp32 and bf16 training would only say how much slower; where bf16 is emulated
     (matmuls at 0.01x fp32 with oneDNN held to AVX2) its 50 steps take longer than the rest of the benchmark."""
     return device == "cuda" or (has_bf16 and matmul_speedup >= 1.0)

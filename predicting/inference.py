@@ -72,7 +72,7 @@ def prediction_dtype(run, device):
     """The autocast dtype to predict in: the one the model was trained (and its validation rows
     predicted) in, from pipeline.json, where this device has it; else fp32. Not measured again (the
     train stage's bf16 test on a CPU): the test rows are predicted as the validation rows were."""
-    from training.precision import cpu_has_bf16
+    from modeling.precision import cpu_has_bf16
 
     trained = getattr(torch, run["precision"])
     if device == "cuda":

@@ -5,7 +5,7 @@
 #   bash scripts/cpu-speed.sh [STEP ...]      # default: every step, in this order (about 20 minutes
 #                                              # on a 2-core Zen 4 EPYC)
 # Steps (the most wanted first):
-#   machine      the CPU (lscpu), the ISA torch's kernels detect (training.precision.cpu_isa), load average
+#   machine      the CPU (lscpu), the ISA torch's kernels detect (modeling.precision.cpu_isa), load average
 #   benchmark    python -m bench.benchmark --compile: rows 4 and 5 hold the goals of this ISA, row 7 compile
 #   profile      bench.profile_step: where a default step's time goes, fp32, bf16, bf16 with fp32 attention
 #   candidates   bench.candidates: each candidate change against the defaults, side by side
@@ -27,7 +27,7 @@ step() {  # step NAME SECONDS COMMAND...: COMMAND's output to $out/NAME.log, wit
 
 machine() {
   lscpu | grep -E 'Model name|^CPU\(s\)|Flags' | sed 's/^Flags:.*/flags (bf16, AMX): '"$(grep -o 'amx[a-z_0-9]*\|avx512_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"'/'
-  python -c 'import torch; from training.precision import cpu_isa, cpu_bf16_speedup
+  python -c 'import torch; from modeling.precision import cpu_isa, cpu_bf16_speedup
 print(f"torch {torch.__version__}, ISA {cpu_isa()}, {torch.get_num_threads()} threads, bf16 matmuls {cpu_bf16_speedup():.2f}x fp32")'
   echo "load average: $(cat /proc/loadavg)"
 }

@@ -26,10 +26,10 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from jobs.fold import Job, Rows, start_again_where_it_pays, train
-from jobs.pseudo import with_test_rows
-from jobs.settings import train_settings
-from jobs.students import check_student
+from training.run import Job, Rows, start_again_where_it_pays, train
+from training.rows import with_test_rows
+from training.settings import train_settings
+from training.students import check_student
 from pipeline.command import interactive, run_main
 from pipeline.outputs import write_json
 from pipeline.settings import PipelineError, Range, check_kind, load_params
@@ -40,7 +40,7 @@ from reading import windows
 from reading.tokens import unpack_flat, unpack_sequences
 from tasks.shapes import SHAPES
 from training import checkpoint
-from training.models import model_params, resolve_model
+from modeling.models import model_params, resolve_model
 from training.pretrained import start_model
 
 TOKENIZED = Path("data/tokenized")

@@ -22,9 +22,9 @@ from pathlib import Path
 import transformers
 from safetensors.torch import load_file
 
-from jobs.fold import Job, fold_rows, start_again_where_it_pays, train
-from jobs.pseudo import pseudo_labels, soft_rows, with_test_rows
-from jobs.settings import parse_fold, train_settings
+from training.run import Job, fold_rows, start_again_where_it_pays, train
+from training.rows import pseudo_labels, soft_rows, with_test_rows
+from training.settings import parse_fold, train_settings
 from pipeline.command import interactive, run_main
 from pipeline.settings import SEEDS, PipelineError, Range, load_params
 from predicting import folds
@@ -33,7 +33,7 @@ from reading import windows
 from reading.tokens import unpack_flat, unpack_sequences
 from tasks.shapes import SHAPES
 from training import checkpoint
-from training.models import model_params, resolve_model
+from modeling.models import model_params, resolve_model
 from training.pretrained import start_model
 
 TOKENIZED = Path("data/tokenized")

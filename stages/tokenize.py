@@ -40,7 +40,7 @@ from reading.tokens import (CHUNK, auto_max_length, cut_flat, encode_flat, model
                            truncate_flat, uses_types)
 from reading.windows import TRUNCATIONS, Cutting
 from tasks.shapes import SHAPES
-from training.models import model_params, resolve_model
+from modeling.models import model_params, resolve_model
 
 PROCESSED = Path("data/processed")
 OUT = Path("data/tokenized")

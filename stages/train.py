@@ -41,14 +41,14 @@ from pathlib import Path
 import transformers
 from safetensors.torch import load_file
 
-from jobs.fold import Job, fold_rows, start_again_where_it_pays, train
-from jobs.settings import MACHINE_PARAMS, TRAIN_PARAMS, parse_fold, train_settings  # noqa: F401 (tune reads TRAIN_PARAMS here)
+from training.run import Job, fold_rows, start_again_where_it_pays, train
+from training.settings import MACHINE_PARAMS, TRAIN_PARAMS, parse_fold, train_settings  # noqa: F401 (tune reads TRAIN_PARAMS here)
 from pipeline.command import interactive, run_main, seconds_since_start
 from pipeline.settings import PipelineError
 from predicting import folds
 from tasks.shapes import SHAPES
 from training import checkpoint, pruning
-from training.models import model_params, resolve_model
+from modeling.models import model_params, resolve_model
 from training.pretrained import start_model
 
 TOKENIZED = Path("data/tokenized")

@@ -8,7 +8,7 @@ import torch
 from hypothesis import settings
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from training.models import resolve_model
+from modeling.models import resolve_model
 
 # CI explores the same examples every run (a red CI must be reproducible); locally they vary.
 settings.register_profile("ci", derandomize=True, deadline=None)

@@ -18,7 +18,7 @@ from huggingface_hub import constants
 
 from pipeline.settings import PipelineError
 from tests.http_servers import refused_url, send, serve
-from training.models import resolve_model
+from modeling.models import resolve_model
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = "text,sentiment\n"

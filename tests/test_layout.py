@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-LIBRARY = ("pipeline", "fetching", "reading", "tasks", "training", "predicting", "jobs", "baselines")  # the shared code's folders
+LIBRARY = ("pipeline", "fetching", "reading", "tasks", "training", "predicting", "modeling", "baselines")  # the shared code's folders
 
 
 def module_file(root, module):

@@ -176,7 +176,7 @@ def specs():
     from stages.tokenize import TOKENIZE_PARAMS
     from stages.train import MACHINE_PARAMS, TRAIN_PARAMS
     from tasks.shapes import TASK_PARAMS
-    from training.models import MODEL_PARAMS
+    from modeling.models import MODEL_PARAMS
     from tune.settings import TUNE_PARAMS
 
     sections = {"fetch": FETCH_PARAMS, "task": TASK_PARAMS, "preprocess": PREPROCESS_PARAMS, "model": MODEL_PARAMS,

@@ -33,7 +33,7 @@ PIPELINE_PARAMS = dict(TINY_PARAMS, train__mixed_precision=False, train__unpadde
                        train__keep_best=False, task__metric="auto", train__lora_rank=0, train__gradient_checkpointing=False)
 PROJECT_FILES = ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore", "predict.py")
 # the stages, the shared code they import, and the tools beside them (tests/test_layout.py: LIBRARY)
-CODE_FOLDERS = ("stages", "pipeline", "fetching", "reading", "tasks", "training", "predicting", "jobs", "baselines", "tune",
+CODE_FOLDERS = ("stages", "pipeline", "fetching", "reading", "tasks", "training", "predicting", "modeling", "baselines", "tune",
                 "students")  # students/: the folder evaluate depends on, kept in git by its README
 
 

@@ -1,7 +1,7 @@
 """The precision each part of a training step runs in: bf16 on a CPU only where its bf16 matmuls were
 measured faster (the same answer in every process), fp16 on GPUs without native bf16, the benchmark's row 4
 judging the precision the defaults train in, and the attention kept in fp32 where this CPU's bf16 attention
-measured slower, at the run's own shapes (training/precision.py, training/attention.py)."""
+measured slower, at the run's own shapes (modeling/precision.py, modeling/attention.py)."""
 import dataclasses
 import os
 import subprocess
@@ -18,7 +18,7 @@ from predicting.inference import make_collator
 from tests.test_speed import MACHINE, WORDS, train_params
 from training import attention, precision
 from training.arguments import training_arguments
-from training.precision import BF16_MIN_SPEEDUP, gpu_autocast_dtype, precision_note
+from modeling.precision import BF16_MIN_SPEEDUP, gpu_autocast_dtype, precision_note
 from training.speed import CountingTrainer, Throughput
 
 
@@ -52,7 +52,7 @@ def test_processes_of_one_run_agree_on_the_bf16_speedup(tmp_path):
     in different precisions. Two gloo processes under torchrun must return the same ratio."""
     script = tmp_path / "measure.py"
     script.write_text("import os, pathlib, sys, torch\n"
-                      "from training.precision import cpu_bf16_speedup\n"
+                      "from modeling.precision import cpu_bf16_speedup\n"
                       "torch.distributed.init_process_group('gloo')\n"
                       "ratio = cpu_bf16_speedup(size=256, burst_seconds=0.02)\n"
                       "pathlib.Path(sys.argv[1], os.environ['RANK']).write_text(repr(ratio))\n"
@@ -74,7 +74,7 @@ def test_a_cpu_whose_bf16_matmuls_are_emulated_measures_them_slower_than_fp32():
     (0.02x here), so that the train stage trains in fp32 and the benchmark's row 4 does not time bf16."""
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run([sys.executable, "-c", "from training.precision import cpu_bf16_speedup\n"
+    done = subprocess.run([sys.executable, "-c", "from modeling.precision import cpu_bf16_speedup\n"
                            "print(cpu_bf16_speedup(size=256, burst_seconds=0.02))"],
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -11,7 +11,7 @@ from transformers import (
     RobertaConfig,
 )
 
-from training.models import dropout_settings, load_model
+from modeling.models import dropout_settings, load_model
 
 TINY = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
             max_position_embeddings=64)

@@ -75,7 +75,7 @@ def test_redact_masks_credentials_in_urls():
 
 
 def test_model_params_warn_when_remote_code_is_trusted(tmp_path, monkeypatch, capsys):
-    from training.models import model_params
+    from modeling.models import model_params
     monkeypatch.chdir(tmp_path)
     write(tmp_path, "model:\n  name: minilm\n  trust_remote_code: false\n")
     assert model_params() == {"name": "minilm", "trust_remote_code": False}

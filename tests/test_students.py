@@ -12,7 +12,7 @@ import pytest
 import yaml
 from sklearn.metrics import accuracy_score, f1_score
 
-from jobs.pseudo import pseudo_labels
+from training.rows import pseudo_labels
 from tasks.shapes import SHAPES
 from tests.test_cv import logged_repro
 from tests.test_pipeline import init_pipeline_repo, set_params, stage_env

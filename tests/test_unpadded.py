@@ -22,7 +22,7 @@ from transformers import (
 
 from bench.benchmark import time_training_steps
 from training import first_token, unpadded
-from training.models import resolve_model
+from modeling.models import resolve_model
 
 LONG = " ".join(["the flight was awful and late again but the crew were great"] * 12)
 

@@ -19,7 +19,7 @@ import torch
 
 from pipeline.settings import PipelineError
 from training.compiling import pays_off
-from training.precision import cpu_isa
+from modeling.precision import cpu_isa
 from training.processes import become, relaunch_environment, running_module
 
 KNOWN = ("tcmalloc", "jemalloc")

@@ -9,7 +9,7 @@ from transformers.utils import is_torch_tf32_available
 
 from pipeline.settings import Range
 from training.lowmemory import optimizer
-from training.precision import autocast_dtype
+from modeling.precision import autocast_dtype
 
 # what each machine.* key accepts; the train, pseudo, distill and pretrain stages read the section
 MACHINE_PARAMS = {"checkpoint_dir": (str,), "checkpoint_minutes": (float, Range(0, low_open=True)),

@@ -7,7 +7,7 @@ import torch
 
 from pipeline.settings import PipelineError
 from training.lowmemory import adamw_state_bytes
-from training.precision import autocast_dtype
+from modeling.precision import autocast_dtype
 
 # Probing leaves this share of GPU memory unused: real training also holds the allocator's
 # fragmentation across changing sequence lengths, dataloader buffers and evaluation.

@@ -25,7 +25,7 @@ TUNE_PARAMS = {"study": (str,), "trials": (int, Range(1)), "metric": (str,), "di
                "heartbeat": (int, Range(1, 3600)), "storage": (str, None), "space": (dict,)}
 STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # it names experiments: a git ref's rules
 # where each params.yaml section's checks live (module:name), imported only for the sections searched
-SECTION_SPECS = {"preprocess": "stages.preprocess:PREPROCESS_PARAMS", "model": "training.models:MODEL_PARAMS",
+SECTION_SPECS = {"preprocess": "stages.preprocess:PREPROCESS_PARAMS", "model": "modeling.models:MODEL_PARAMS",
                  "tokenize": "stages.tokenize:TOKENIZE_PARAMS", "split": "stages.split:SPLIT_PARAMS",
                  "train": "stages.train:TRAIN_PARAMS"}
 # not searchable: what the data is (fetch), what the score means (cv.folds), the study itself

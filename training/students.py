@@ -3,7 +3,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from pipeline.settings import PipelineError
-from training.models import layer_count, layer_setting
+from modeling.models import layer_count, layer_setting
 
 
 def weight_count(source, layers=None, trust_remote_code=False):

@@ -11,7 +11,7 @@ Distillation (the distill stage): one smaller student learns every training row'
 """
 import numpy as np
 
-from jobs.fold import Rows
+from training.run import Rows
 from reading.tokens import unpack_flat, unpack_sequences
 from reading.windows import text_of_row
 

@@ -46,8 +46,8 @@ from training.arguments import training_arguments
 from training.batch_size import out_of_memory_in_training, use_expandable_segments
 from training.data import TokenizedDataset, standardised
 from training.evaluation import ValidationScores, evaluated_at_end
-from training.models import load_model
-from training.precision import autocast_dtype, cpu_isa, precision_note
+from modeling.models import load_model
+from modeling.precision import autocast_dtype, cpu_isa, precision_note
 from training.processes import agreed_batch_size, join_processes
 from training.progress import LiveCallback, ProgressLog, open_live
 from training.speed import CountingTrainer, Throughput, peak_memory
