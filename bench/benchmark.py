@@ -67,7 +67,7 @@ from pipeline.settings import load_params
 from reading.tokens import auto_max_length, model_limit, tokenize_texts
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
-from stages.train import TRAIN_PARAMS
+from training.settings import TRAIN_PARAMS
 from training import allocator
 from modeling.models import resolve_model
 from modeling.precision import autocast_dtype, cpu_bf16_speedup, cpu_has_bf16, cpu_isa

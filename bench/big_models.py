@@ -22,7 +22,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, Bert
 from bench.common import dataset, load_corpus, minilm_model
 from bench.training import train_as_the_stage
 from pipeline.settings import load_params
-from stages.train import MACHINE_PARAMS, TRAIN_PARAMS
+from training.settings import MACHINE_PARAMS, TRAIN_PARAMS
 from training import lora, lowmemory
 from modeling.models import resolve_model
 
@@ -71,7 +71,9 @@ def speed(params, steps, rows):
 def f1(params, rows, seeds):
     from sklearn.metrics import f1_score
 
-    from predicting.inference import make_collator, predict_logits
+    from modeling.models import make_collator
+
+    from predicting.inference import predict_logits
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("minilm"))
     texts, labels, _ = load_corpus(load_params("preprocess"))

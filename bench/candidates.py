@@ -71,11 +71,11 @@ from bench.common import (
 )
 from bench.training import COMPILE_WARMUP, run_steps, side_by_side
 from pipeline.settings import load_params
-from predicting.inference import make_collator
+from modeling.models import make_collator
 from reading.tokens import tokenize_texts
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
-from stages.train import TRAIN_PARAMS
+from training.settings import TRAIN_PARAMS
 from training import attention, compiling, first_token, unpadded
 from training.arguments import replace_arguments, training_arguments
 from training.batch_size import pick_batch_size

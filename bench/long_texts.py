@@ -41,7 +41,9 @@ from sklearn.metrics import accuracy_score, f1_score
 from sklearn.model_selection import StratifiedKFold, train_test_split
 from transformers import get_linear_schedule_with_warmup, set_seed
 
-from predicting.inference import make_collator, predict_logits
+from modeling.models import make_collator
+
+from predicting.inference import predict_logits
 from reading.tokens import tokenize_rows
 from reading.windows import Cutting, mean_by_text
 from modeling.models import load_model, resolve_model

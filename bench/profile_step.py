@@ -56,17 +56,18 @@ from bench.common import (
     sync,
 )
 from pipeline.settings import load_params
-from predicting.inference import make_collator
+from modeling.models import make_collator
 from reading.tokens import tokenize_texts
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
-from stages.train import TRAIN_PARAMS
+from training.settings import TRAIN_PARAMS
 from training import attention, compiling, first_token
 from training.arguments import replace_arguments, training_arguments
 from training.batch_size import pick_batch_size
 from modeling.models import resolve_model
 from modeling.precision import cpu_isa
-from training.speed import CountingTrainer, Throughput
+from training.speed import Throughput
+from training.trainer import CountingTrainer
 
 CASTS = "dtype casts (autocast)"
 # (row, operations whose own time is that row's), in the table's order; the first match wins

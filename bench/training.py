@@ -23,12 +23,13 @@ from bench.common import (
     verdict,
 )
 from bench.flops import PeakSampler
-from predicting.inference import make_collator
+from modeling.models import make_collator
 from training import attention, compiling, first_token, unpadded
 from training.arguments import replace_arguments, training_arguments
 from training.batch_size import pick_batch_size
 from modeling.precision import autocast_dtype, cpu_bf16_speedup
-from training.speed import CountingTrainer, Throughput, peak_memory
+from training.speed import Throughput, peak_memory
+from training.trainer import CountingTrainer
 
 COMPILE_WARMUP = 10  # steps: the row for torch.compile times what follows its compiling
 

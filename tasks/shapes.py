@@ -4,15 +4,13 @@ regression, one small definition per shape, which the stages ask (SHAPES[kind]):
 - tokenize: the label tensor stored with the token ids;
 - split: what folds are stratified by (classes; an indicator matrix, split by iterative stratification;
   quantile bins of the target);
-- train: the number of model outputs and transformers' problem_type, which picks the loss
-  (cross-entropy, binary cross-entropy per class, mean squared error), and the scores of each evaluation;
+- train: the number of model outputs, transformers' problem_type, the loss (train.loss auto: cross-entropy,
+  binary cross-entropy per class, mean squared error) and the scores of each evaluation;
 - predict_test, predict: what the model's outputs mean (probabilities: softmax or sigmoid; a value);
-- evaluate, predict: the reported scores, the multi-label threshold, the submission's form;
-- baseline: the linear model fitted on TF-IDF features (baselines/tfidf.py builds it), in words;
+- evaluate, predict: the reported scores, the multi-label threshold, the submission's form (from a shape's
+  decisions: tasks/submission.py); baseline: its linear model (baselines/tfidf.py builds it), in words;
 - pseudo, distill: a student's targets from a teacher's outputs (soft, or hard where it is sure).
-The submission's form from a shape's decisions is tasks/submission.py's.
 Text pairs are not a shape: a second text column (preprocess.text_pair_column) works with every one.
-
 Arrays: `outputs` is (rows, outputs) everywhere: class probabilities, or one column of values.
 """
 import json
@@ -75,6 +73,7 @@ class Classification:
     """One class per row, from one column (text pairs too: NLI, paraphrase)."""
     kind = "classification"
     problem_type = "single_label_classification"
+    loss = "cross_entropy"  # train.loss auto: a name in training/losses.py
     evaluated = ("accuracy", "f1_macro")  # the train stage's scores at each evaluation
     progress = ("accuracy", "f1_macro")  # those of them its line in the log shows
     headline = ("f1_macro", "accuracy")
@@ -114,9 +113,8 @@ class Classification:
     def strata(self, processed, classes, k):
         return np.asarray(processed)
 
-    # students (pseudo, distill) learn teacher outputs (soft_targets), a labelled row as soft_label; soft: by
-    # cross-entropy on probabilities (losses.TaskLoss), not the model's own loss
-    soft = True
+    # students (pseudo, distill) learn teacher outputs (soft_targets), a labelled row as soft_label
+    soft = True  # a target is a row of probabilities, which the loss takes as it takes a one-hot class
 
     def soft_targets(self, outputs):
         return [list(map(float, row)) for row in np.asarray(outputs, dtype=np.float64)]
@@ -163,6 +161,7 @@ class MultiLabel(Classification):
     has each class whose probability reaches a threshold chosen on the validation (out-of-fold) rows."""
     kind = "multilabel"
     problem_type = "multi_label_classification"
+    loss = "binary_cross_entropy"
     evaluated = ("accuracy", "f1_macro", "f1_micro")  # at a threshold of 0.5 while training
     progress = ("f1_micro", "f1_macro")
     headline = ("f1_micro", "f1_macro", "accuracy")
@@ -195,7 +194,7 @@ class MultiLabel(Classification):
                 "f1_macro": f1_score(truth, predicted, average="macro", zero_division=0),
                 "f1_micro": f1_score(truth, predicted, average="micro", zero_division=0)}
 
-    soft = False  # 0/1 targets and probabilities alike: binary cross-entropy, the model's own loss
+    soft = False  # 0/1 targets and probabilities alike: binary cross-entropy takes both
     soft_label = staticmethod(lambda label, classes: list(map(float, label)))
 
     def confident(self, outputs, threshold):
@@ -245,6 +244,7 @@ class Regression(Classification):
     training rows' mean and standard deviation (any scale then trains alike), predicted in its units."""
     kind = "regression"
     problem_type = "regression"
+    loss = "mse"
     evaluated = ("rmse", "mae", "pearson", "spearman")
     progress = ("rmse", "pearson")
     headline = evaluated
@@ -280,7 +280,7 @@ class Regression(Classification):
         # a constant prediction (early in training) has no correlation: 0 on the curve
         return {m: float(np.nan_to_num(scores.regression_score(m, targets, values))) for m in self.evaluated}
 
-    soft = False  # values: the model's own mean squared error
+    soft = False  # values, as the labels are
     def soft_targets(self, outputs):  # values in the target's units: the student standardises them
         return [float(v) for v in np.asarray(outputs, dtype=np.float64).reshape(-1)]
 

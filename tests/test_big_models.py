@@ -214,7 +214,9 @@ def test_a_bad_lora_setting_in_the_search_space_is_one_line():
 def lora_trainer(tiny_model_dir, tokenizer, folder, max_steps):
     from transformers import DataCollatorWithPadding, TrainingArguments
 
-    from training.speed import CountingTrainer, Throughput
+    from training.speed import Throughput
+
+    from training.trainer import CountingTrainer
 
     model = lowmemory.prepare(tiny(tiny_model_dir), {**OFF, "lora_rank": 4, "lora_alpha": 8}, "cpu", say=lambda _: None)
     data = [{"input_ids": ids, "labels": i % 3} for i, ids in enumerate(tokenizer(TEXTS * 8)["input_ids"])]

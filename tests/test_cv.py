@@ -39,11 +39,12 @@ def stage_log(path):
     return path.read_text().split() if path.exists() else []
 
 
-def logged_repro(repo, *args, log_name="stages.log"):
-    """`dvc repro *args` with a fresh stage log; returns (the stages that ran, dvc's output)."""
+def logged_repro(repo, *args, log_name="stages.log", env=None):
+    """`dvc repro *args` with a fresh stage log (and `env` added to the environment); returns (the stages
+    that ran, dvc's output)."""
     log = Path(repo).parent / f"{Path(repo).name}-{log_name}"
     log.unlink(missing_ok=True)
-    env = {**stage_env(), "PIPELINE_STAGE_LOG": str(log)}
+    env = {**stage_env(), **(env or {}), "PIPELINE_STAGE_LOG": str(log)}
     result = subprocess.run([sys.executable, "-m", "dvc", "repro", *args], cwd=repo, env=env,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, f"dvc repro {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
@@ -116,14 +117,14 @@ def test_metrics_are_out_of_fold_scores_and_their_spread_over_folds(cv_repo):
 def test_each_fold_predicts_rows_as_it_validated_them(cv_repo):
     # a fold's out-of-fold outputs come from Trainer's evaluation inside the train stage, its test rows' from
     # predicting/inference.py (predict_test, python -m predict): given the fold's validation rows, the second
-    # gives the first's outputs, in the precision the fold trained in (bf16 where the CPU has it fast), its
+    # gives the first's outputs, in the precision the fold trained in (bf16 where the CPU has it), its
     # attention in fp32 where the fold's log says it trained so
     _, repo, _ = cv_repo
     log = (repo.parent / "done.log").read_text()
     tensors = load_file(repo / "data/tokenized/train.safetensors")
     sequences, token_types = unpack_flat(tensors, "input_ids"), unpack_flat(tensors, "token_type_ids")
     runs = [json.loads((repo / f"models/fold-{k}/pipeline.json").read_text()) for k in FOLDS]
-    assert sum(run["fp32_attention"] for run in runs) == log.count("; attention in fp32 (bf16 attention measured")
+    assert sum(run["fp32_attention"] for run in runs) == log.count("; the attention in fp32)")
     for k, run in zip(FOLDS, runs):
         rows, oof = probabilities(repo / f"predictions/fold-{k}/oof.csv")
         order = np.argsort(rows)  # the rows in file order, as a test file's are

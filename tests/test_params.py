@@ -23,7 +23,7 @@ NOT_A_BOOL = "maybe"
 BOOLEANS = ["preprocess.lowercase", "preprocess.unescape_html", "preprocess.replace_urls",
             "preprocess.replace_mentions", "preprocess.normalize_whitespace", "preprocess.drop_duplicates",
             "model.trust_remote_code", "train.group_by_length", "train.mixed_precision", "train.tf32",
-            "train.fused_adamw", "machine.pin_memory", "train.unpadded", "train.freeze_embeddings",
+            "train.fused_adamw", "machine.pin_memory", "train.freeze_embeddings", "train.compile",
             "train.keep_best", "train.gradient_checkpointing", "train.adamw_8bit", "distill.test_rows"]
 # key: the values outside what it allows (zero, negative, too large, a wrong word or kind, as applies)
 BAD_VALUES = {
@@ -46,15 +46,15 @@ BAD_VALUES = {
     "train.lr": [0, 2, "fast"], "train.weight_decay": [-0.1, 1.5], "train.warmup_ratio": [1, -0.1],
     "train.max_grad_norm": [-1], "train.seed": [-1, 2**32], "machine.loader_workers": [-1],
     "machine.checkpoint_steps": [0, 2.5], "machine.checkpoint_minutes": [0, -1], "machine.checkpoint_dir": [5, None],
-    "machine.allocator": ["jemalloc", 5],
     "train.num_processes": [0], "train.dropout": [1, -0.1, "none"],
-    "train.evaluations": [0, "epochs"], "train.compile": [NOT_A_BOOL, 1],
+    "train.evaluations": [0, "epochs"], "train.compile": [1, "auto"],
     "train.patience": [0, 1.5, "auto"], "train.lora_rank": [-1, 1.5, "auto"], "train.lora_alpha": [0, -1],
     "train.lora_modules": ["query", [], [5]],
     "train.layer_lr_decay": [0, 1.5], "train.head_lr_multiple": [0, 2000], "train.reinit_layers": [-1, 1.5],
     "train.averaging": ["mean"], "train.average_decay": [1, -0.1], "train.average_from": [1, -0.1],
     "train.adversarial": ["pgd"], "train.adversarial_from": [-1], "train.fgm_epsilon": [0], "train.awp_lr": [0],
     "train.awp_eps": [-0.01], "train.class_weights": ["equal", 5, [1, 2]], "train.focal_gamma": [-1, 11],
+    "train.loss": ["huber", 5, "mse"],  # mse trains regression, not the default classification
     "pretrain.epochs": [-1, "some"], "pretrain.lr": [0, 2], "pretrain.batch_size": [0, 1.5],
     "pretrain.max_length": [1, 1.5], "pretrain.mask_probability": [0, 1, 1.5], "pretrain.held_out": [0, 0.6],
     "pretrain.extra_file": [5, "missing.csv"], "pretrain.extra_column": [5], "pretrain.seed": [-1, 2**32],
@@ -174,7 +174,7 @@ def specs():
     from stages.pseudo import PSEUDO_PARAMS
     from stages.split import CV_PARAMS, SPLIT_PARAMS
     from stages.tokenize import TOKENIZE_PARAMS
-    from stages.train import MACHINE_PARAMS, TRAIN_PARAMS
+    from training.settings import MACHINE_PARAMS, TRAIN_PARAMS
     from tasks.shapes import TASK_PARAMS
     from modeling.models import MODEL_PARAMS
     from tune.settings import TUNE_PARAMS

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from tests.test_pipeline import dvc, init_pipeline_repo, stage_env
 from training import checkpoint
-from training.speed import EpochSeededLengthGroupedSampler
+from training.trainer import EpochSeededLengthGroupedSampler
 
 # 8 epochs of 9 optimizer steps (270 texts, 16 per micro-batch, 2 accumulated): long enough to
 # stop it in the middle, and a checkpoint every 5 steps, so most land inside an epoch.

@@ -1,7 +1,7 @@
 """Correctness of the speed features: dynamic padding, length grouping, the batch-size finder,
-max_length auto and the throughput counters. Speed itself is measured by bench/benchmark.py; the precision
-a step trains in, torch.compile and the memory allocator have their own tests (test_precision.py,
-test_compiling.py, test_allocator.py), and the bench tools' logic is in test_bench.py."""
+max_length auto, the throughput counters and the memory allocator's line. Speed itself is measured by
+bench/benchmark.py; the precision a step trains in has its own tests (test_precision.py), and the bench
+tools' logic is in test_bench.py."""
 import os
 
 import pytest
@@ -10,9 +10,9 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from pipeline.settings import PipelineError, load_params
-from predicting.inference import make_collator
+from modeling.models import make_collator
 from reading.tokens import auto_max_length, model_limit, pack_sequences, unpack_sequences
-from stages.train import MACHINE_PARAMS, TRAIN_PARAMS
+from training.settings import MACHINE_PARAMS, TRAIN_PARAMS
 from training.arguments import training_arguments
 from training.batch_size import (
     choose_batch_size,
@@ -23,7 +23,8 @@ from training.batch_size import (
     use_expandable_segments,
 )
 from training.data import TokenizedDataset
-from training.speed import CountingTrainer, Throughput
+from training.speed import Throughput, allocator_in, allocator_note, running_allocator
+from training.trainer import CountingTrainer
 
 WORDS = "the flight was awful and late again but the crew were great and the food was fine".split()
 
@@ -159,8 +160,8 @@ def test_a_gpu_shared_with_other_processes_gives_this_one_its_share():
 def test_cuda_probe_fits_small_refuses_huge_and_frees_its_memory(tiny_model_dir):
     model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=3).cuda()
     before = torch.cuda.memory_allocated()
-    assert cuda_fits(model, 8, 64, torch.bfloat16)
-    assert not cuda_fits(model, 2**22, 128, None)  # ~500M tokens: an out-of-memory error, caught
+    assert cuda_fits(model, 8, [1000] * 64, torch.bfloat16)
+    assert not cuda_fits(model, 2**22, [1000] * 128, None)  # ~500M tokens: an out-of-memory error, caught
     assert torch.cuda.memory_allocated() == before
     assert all(p.grad is None for p in model.parameters())
 
@@ -202,7 +203,9 @@ def test_accumulated_loss_is_the_mean_over_micro_batches(tiny_model_dir, tokeniz
     import torch
     from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, TrainingArguments
 
-    from training.speed import CountingTrainer, Throughput
+    from training.speed import Throughput
+
+    from training.trainer import CountingTrainer
 
     texts = ["great love", "awful hate", "meeting tuesday", "best happy"] * 4
     data = [{"input_ids": ids, "labels": i % 3} for i, ids in enumerate(tokenizer(texts)["input_ids"])]
@@ -219,3 +222,17 @@ def test_accumulated_loss_is_the_mean_over_micro_batches(tiny_model_dir, tokeniz
         trainer.train()
         losses[accumulation] = trainer.state.log_history[0]["loss"]
     assert losses[2] == pytest.approx(losses[1], rel=0.05)
+
+
+def test_the_allocator_is_read_from_the_libraries_a_process_maps_and_the_log_gives_the_command():
+    maps = ("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4.5.9\n"
+            "7f02-7f03 r-xp 0 08:01 2 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
+    assert allocator_in(maps) == "tcmalloc"
+    assert allocator_in(maps.replace("libtcmalloc_minimal", "libjemalloc")) == "jemalloc"
+    assert allocator_in(maps.splitlines()[1]) == "glibc"
+    assert running_allocator() in ("glibc", "tcmalloc", "jemalloc")  # this process: what LD_PRELOAD gave it
+    line = allocator_note("cpu", "glibc", "libtcmalloc_minimal.so.4")
+    assert line.startswith("memory allocator: glibc's malloc;") and line.endswith(
+        ": LD_PRELOAD=libtcmalloc_minimal.so.4 dvc repro")
+    assert "apt-get install libtcmalloc-minimal4, then LD_PRELOAD=" in allocator_note("cpu", "glibc", None)
+    assert allocator_note("cuda", "glibc", None) == allocator_note("cpu", "tcmalloc", None) == ""

@@ -256,24 +256,28 @@ def test_balanced_weights_are_scikit_learns():
 def test_weighted_and_focal_losses_match_torch_and_a_hand_computation():
     logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 1.0]])
     labels = torch.tensor([0, 2])
+    one_hot = F.one_hot(labels, 3).float()
     weight = torch.tensor([2.0, 1.0, 0.5])
     plain = F.cross_entropy(logits, labels, weight=weight, reduction="sum") / 2
-    assert torch.allclose(losses.classification_loss(logits, labels, weight), plain)
+    assert torch.allclose(losses.cross_entropy(logits, one_hot, weight).sum() / 2, plain)
     p0 = math.exp(2) / (math.exp(2) + 1 + math.exp(-1))
     p1 = math.exp(1) / (2 * math.exp(0.5) + math.exp(1))
     by_hand = (2.0 * (1 - p0) ** 2 * -math.log(p0) + 0.5 * (1 - p1) ** 2 * -math.log(p1)) / 2
-    assert losses.classification_loss(logits, labels, weight, gamma=2).item() == pytest.approx(by_hand, rel=1e-5)
+    assert (losses.cross_entropy(logits, one_hot, weight, gamma=2).sum() / 2).item() == pytest.approx(by_hand, rel=1e-5)
     targets = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     ml_logits = torch.tensor([[0.3, -1.2], [2.0, 0.1]])
     pos = torch.tensor([3.0, 0.5])
     reference = torch.nn.BCEWithLogitsLoss(pos_weight=pos)(ml_logits, targets)
-    assert torch.allclose(losses.multilabel_loss(ml_logits, targets, pos), reference)
+    assert torch.allclose(losses.binary_cross_entropy(ml_logits, targets, pos).mean(), reference)
     s = torch.sigmoid(ml_logits)
     right = torch.where(targets == 1, s, 1 - s)
     bce = -(targets * pos * torch.log(s) + (1 - targets) * torch.log(1 - s))
-    assert torch.allclose(losses.multilabel_loss(ml_logits, targets, pos, gamma=1), ((1 - right) * bce).mean())
+    assert torch.allclose(losses.binary_cross_entropy(ml_logits, targets, pos, gamma=1).mean(), ((1 - right) * bce).mean())
+    values, truth = torch.tensor([[0.5], [-1.0]]), torch.tensor([1.0, 1.0])
+    assert torch.allclose(losses.mean_squared_error(values, truth).mean(), F.mse_loss(values.view(-1), truth))
     # over an accumulated step: the sum over its micro-batches' rows, over all of them
-    halves = sum(losses.classification_loss(logits[i:i + 1], labels[i:i + 1], weight, reduction_total=2) for i in (0, 1))
+    loss = losses.TaskLoss("cross_entropy", "classification", weight)
+    halves = sum(loss({"logits": logits[i:i + 1]}, labels[i:i + 1], num_items_in_batch=2) for i in (0, 1))
     assert torch.allclose(halves, plain)
 
 
@@ -287,33 +291,49 @@ def test_soft_targets_cost_cross_entropy_against_probabilities_and_trainer_gets_
     logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 1.0]])
     weight = torch.tensor([2.0, 1.0, 0.5])
     labels = torch.tensor([0, 2])
-    one_hot = F.one_hot(labels, 3).float()
-    for gamma in (0.0, 2.0):  # one-hot targets: the hard loss exactly
-        assert torch.allclose(losses.soft_classification_loss(logits, one_hot, weight, gamma),
-                              losses.classification_loss(logits, labels, weight, gamma))
     targets = torch.tensor([[0.7, 0.3, 0.0], [0.0, 0.5, 0.5]])
     p = np.exp(logits.numpy()) / np.exp(logits.numpy()).sum(axis=1, keepdims=True)
     t = targets.numpy()
     cross = -(t * np.log(p)).sum(axis=1)
     row_weight, q = t @ weight.numpy(), (t * p).sum(axis=1)  # [1.7, 0.75]
     by_hand = (row_weight * (1 - q) ** 2 * cross).sum() / 5
-    assert losses.soft_classification_loss(logits, targets, weight, 2.0, reduction_total=5).item() == pytest.approx(
-        by_hand, rel=1e-5)
-    # Trainer's compute_loss_func: class indices, probabilities, or 0/1 per class, over the step's rows
+    assert (losses.cross_entropy(logits, targets, weight, 2.0).sum() / 5).item() == pytest.approx(by_hand, rel=1e-5)
+    # Trainer's compute_loss_func: class indices, probabilities, or 0/1 per class, over the step's rows; Trainer
+    # counts label elements (num_items_in_batch), 3 per row of probabilities, 1 per class index
     outputs = {"logits": logits}
-    hard = losses.TaskLoss("classification", [2.0, 1.0, 0.5])(outputs, labels, num_items_in_batch=4)
+    hard = losses.TaskLoss("cross_entropy", "classification", [2.0, 1.0, 0.5])(outputs, labels, num_items_in_batch=4)
     assert torch.allclose(hard, F.cross_entropy(logits, labels, weight=weight, reduction="sum") / 4)
-    soft = losses.TaskLoss("classification")(outputs, targets)
-    assert soft.item() == pytest.approx(cross.mean(), rel=1e-5)
+    soft = losses.TaskLoss("cross_entropy", "classification")
+    assert soft(outputs, targets).item() == pytest.approx(cross.mean(), rel=1e-5)
+    assert soft(outputs, targets, num_items_in_batch=12).item() == pytest.approx(cross.sum() / 4, rel=1e-5)  # 4 rows
     tags = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
-    multilabel = losses.TaskLoss("multilabel", [3.0, 1.0, 1.0], gamma=0.0)(outputs, tags, num_items_in_batch=2)
+    multilabel = losses.TaskLoss("binary_cross_entropy", "multilabel", [3.0, 1.0, 1.0])(outputs, tags,
+                                                                                       num_items_in_batch=2)
     assert torch.allclose(multilabel, F.binary_cross_entropy_with_logits(
         logits, tags, pos_weight=torch.tensor([3.0, 1.0, 1.0]), reduction="sum") / 2)
     s = 1 / (1 + np.exp(-logits.numpy()))  # focal at gamma 2: each term times (1 - p of the right 0/1) squared
     right, tags_np = np.where(tags.numpy() == 1, s, 1 - s), tags.numpy()
     bce = -(tags_np * np.log(s) + (1 - tags_np) * np.log(1 - s))
-    assert losses.multilabel_loss(logits, tags, gamma=2.0).item() == pytest.approx(((1 - right) ** 2 * bce).mean(),
-                                                                                   rel=1e-5)
+    assert losses.binary_cross_entropy(logits, tags, gamma=2.0).mean().item() == pytest.approx(
+        ((1 - right) ** 2 * bce).mean(), rel=1e-5)
+    regression = losses.TaskLoss("mse", "regression")({"logits": torch.tensor([[0.5], [2.0]])}, torch.tensor([1.0, 1.0]),
+                                                      num_items_in_batch=2)
+    assert regression.item() == pytest.approx((0.25 + 1.0) / 2)
+
+
+def test_a_new_loss_is_one_function_and_one_line(monkeypatch):
+    """A loss added to the registry trains where train.loss names it, for the task kinds its line says."""
+    def squared_hinge(logits, targets, weights=None, gamma=0.0):
+        return (torch.clamp(1 - (2 * targets - 1) * logits, min=0) ** 2).sum(dim=1)
+
+    monkeypatch.setitem(losses.LOSSES, "squared_hinge", (("classification",), squared_hinge))
+    params = {"loss": "squared_hinge", "class_weights": "none", "focal_gamma": 0}
+    loss, said = techniques.loss_function(params, "classification", "cross_entropy", ["a", "b"], [0, 1])
+    logits, labels = torch.tensor([[0.5, -0.5], [2.0, 0.0]]), torch.tensor([0, 1])
+    by_hand = ((1 - 0.5) ** 2 + (1 - 0.5) ** 2 + 3.0 ** 2 + 1.0 ** 2) / 2  # each row's classes, one-hot targets
+    assert loss({"logits": logits}, labels).item() == pytest.approx(by_hand) and said == "train.loss squared_hinge"
+    with pytest.raises(PipelineError, match="train.loss squared_hinge trains classification, not task.kind regression"):
+        techniques.loss_name(params, "regression", "mse")
 
 
 def test_explicit_class_weights_name_every_class_or_say_which_not():
@@ -325,7 +345,7 @@ def test_explicit_class_weights_name_every_class_or_say_which_not():
     with pytest.raises(PipelineError, match="train.class_weights b: must be a number above 0"):
         techniques.class_weights({"a": 1, "b": 0}, "classification", ["a", "b"], [0, 1])
     with pytest.raises(PipelineError, match="task.kind regression has none"):
-        techniques.loss_function({"class_weights": "balanced", "focal_gamma": 0}, "regression", [], [])
+        techniques.loss_name({"loss": "auto", "class_weights": "balanced", "focal_gamma": 0}, "regression", "mse")
 
 
 # ---- end to end: the real `dvc repro` on the tiny pipeline ---------------------------------------

@@ -1,93 +1,54 @@
 """Trainer's settings (TrainingArguments) from the train (or pretrain) and machine sections of params.yaml."""
-import dataclasses
-import logging
-from contextlib import contextmanager
-
 import torch
 from transformers import TrainingArguments
 from transformers.utils import is_torch_tf32_available
 
-from pipeline.settings import Range
-from training.lowmemory import optimizer
 from modeling.precision import autocast_dtype
-
-# what each machine.* key accepts; the train, pseudo, distill and pretrain stages read the section
-MACHINE_PARAMS = {"checkpoint_dir": (str,), "checkpoint_minutes": (float, Range(0, low_open=True)),
-                  "checkpoint_steps": (int, None, Range(1)), "loader_workers": (int, Range(0)), "pin_memory": (bool,),
-                  "allocator": ("auto", "tcmalloc", "system")}
-
-
-# TrainingArguments says this whenever torch_compile is on where TF32 is not available, a CPU included
-AMPERE_WARNING = "The speedups for torchdynamo mostly come with GPU Ampere"
-
-
-@contextmanager
-def without_ampere_warning(device):
-    """On a CPU, transformers' warning that torch.compile's speedups need an Ampere GPU is dropped while
-    TrainingArguments are built: on a CPU the stage compiles where a gain was measured on that kind of CPU
-    (or train.compile says so), and its own log line says which (training/compiling.py). Kept on a GPU,
-    where it is transformers' word on an older card."""
-    logger = logging.getLogger("transformers.training_args")
-    drop = (lambda record: not record.getMessage().startswith(AMPERE_WARNING)) if device == "cpu" else None
-    if drop:
-        logger.addFilter(drop)
-    try:
-        yield
-    finally:
-        if drop:
-            logger.removeFilter(drop)
-
-
-def replace_arguments(args, **changes):
-    """dataclasses.replace for TrainingArguments, which builds them again (and warns again): without the
-    Ampere warning on a CPU, as training_arguments built them (the bench tools change a few settings)."""
-    with without_ampere_warning("cpu" if changes.get("use_cpu", args.use_cpu) else "cuda"):
-        return dataclasses.replace(args, **changes)
+from training.lowmemory import optimizer
 
 
 def training_arguments(params, machine, output_dir, device, batch_size, accumulation):
     """Trainer's settings from the train and machine sections; output_dir receives the checkpoints."""
     cuda = device == "cuda"
     dtype = autocast_dtype(params["mixed_precision"], device)
-    with without_ampere_warning(device):
-        return TrainingArguments(
-            output_dir=output_dir,
-            num_train_epochs=params["epochs"],
-            per_device_train_batch_size=batch_size,
-            per_device_eval_batch_size=batch_size * 2,  # no gradients kept: twice the batch fits
-            gradient_accumulation_steps=accumulation,
-            learning_rate=params["lr"],
-            weight_decay=params["weight_decay"],
-            warmup_steps=params["warmup_ratio"],  # a float below 1 is a fraction of all steps
-            max_grad_norm=params["max_grad_norm"],
-            lr_scheduler_type="linear",
-            seed=params["seed"],
-            train_sampling_strategy="group_by_length" if params["group_by_length"] else "random",
-            bf16=dtype == torch.bfloat16,
-            fp16=dtype == torch.float16,  # with a gradient scaler
-            tf32=params["tf32"] if cuda and is_torch_tf32_available() else None,  # None: leave torch's setting
-            optim=optimizer(params["fused_adamw"], params["adamw_8bit"], device)[0],  # 8-bit AdamW on CUDA
-            dataloader_pin_memory=machine["pin_memory"] and cuda,
-            # on the CPU, loader workers would take cores from the model
-            dataloader_num_workers=machine["loader_workers"] if cuda else 0,
-            dataloader_persistent_workers=cuda and machine["loader_workers"] > 0,
-            use_cpu=not cuda,  # also what makes several processes on a CPU talk through gloo
-            torch_compile=params["compile"] is True,  # auto: the train stage decides (training/compiling.py) and passes it
-            # train.evaluations n: pruning.EvaluateEvenly asks for each of the n evaluations itself
-            eval_strategy="epoch" if params["evaluations"] == "epoch" else "no",
-            # checkpoints to resume from (the finished model goes to models/fold-K): every checkpoint_steps
-            # when set; every checkpoint_minutes in any case (StopOnSignal asks for those)
-            save_strategy="steps" if machine["checkpoint_steps"] else "no",
-            save_steps=machine["checkpoint_steps"] or 1,
-            save_total_limit=1,  # the newest is all a resumed run needs
-            logging_strategy="steps",
-            logging_steps=0.02,  # a fraction: about 50 points on the loss curve whatever the data size
-            # on: every micro-batch Trainer asks the GPU whether the loss is nan, a wait for the host each step;
-            # off: a nan loss shows in the curve as nan instead of being averaged away
-            logging_nan_inf_filter=False,
-            report_to="none",  # dvclive is attached explicitly, to write into reports/train/fold-K
-            disable_tqdm=True,  # training.progress prints instead: a bar on a terminal, lines in a log
-        )
+    return TrainingArguments(
+        output_dir=output_dir,
+        num_train_epochs=params["epochs"],
+        per_device_train_batch_size=batch_size,
+        per_device_eval_batch_size=batch_size * 2,  # no gradients kept: twice the batch fits
+        gradient_accumulation_steps=accumulation,
+        learning_rate=params["lr"],
+        weight_decay=params["weight_decay"],
+        warmup_steps=params["warmup_ratio"],  # a float below 1 is a fraction of all steps
+        max_grad_norm=params["max_grad_norm"],
+        lr_scheduler_type="linear",
+        seed=params["seed"],
+        train_sampling_strategy="group_by_length" if params["group_by_length"] else "random",
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,  # with a gradient scaler
+        tf32=params["tf32"] if cuda and is_torch_tf32_available() else None,  # None: leave torch's setting
+        optim=optimizer(params["fused_adamw"], params["adamw_8bit"], device)[0],  # 8-bit AdamW on CUDA
+        dataloader_pin_memory=machine["pin_memory"] and cuda,
+        # on the CPU, loader workers would take cores from the model
+        dataloader_num_workers=machine["loader_workers"] if cuda else 0,
+        dataloader_persistent_workers=cuda and machine["loader_workers"] > 0,
+        use_cpu=not cuda,  # also what makes several processes on a CPU talk through gloo
+        torch_compile=params["compile"],
+        # train.evaluations n: pruning.EvaluateEvenly asks for each of the n evaluations itself
+        eval_strategy="epoch" if params["evaluations"] == "epoch" else "no",
+        # checkpoints to resume from (the finished model goes to models/fold-K): every checkpoint_steps
+        # when set; every checkpoint_minutes in any case (StopOnSignal asks for those)
+        save_strategy="steps" if machine["checkpoint_steps"] else "no",
+        save_steps=machine["checkpoint_steps"] or 1,
+        save_total_limit=1,  # the newest is all a resumed run needs
+        logging_strategy="steps",
+        logging_steps=0.02,  # a fraction: about 50 points on the loss curve whatever the data size
+        # on: every micro-batch Trainer asks the GPU whether the loss is nan, a wait for the host each step;
+        # off: a nan loss shows in the curve as nan instead of being averaged away
+        logging_nan_inf_filter=False,
+        report_to="none",  # dvclive is attached explicitly, to write into reports/train/fold-K
+        disable_tqdm=True,  # training.progress prints instead: a bar on a terminal, lines in a log
+    )
 
 
 def pretraining_arguments(params, machine, output_dir, device, dtype):

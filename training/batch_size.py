@@ -6,8 +6,8 @@ import os
 import torch
 
 from pipeline.settings import PipelineError
-from training.lowmemory import adamw_state_bytes
 from modeling.precision import autocast_dtype
+from training.lowmemory import adamw_state_bytes
 
 # Probing leaves this share of GPU memory unused: real training also holds the allocator's
 # fragmentation across changing sequence lengths, dataloader buffers and evaluation.
@@ -92,20 +92,22 @@ def pick_batch_size(model, sequences, requested, effective_batch_size, mixed_pre
     if device != "cuda":  # CPU memory is not worth probing: an epoch of a 2-core CPU fits easily
         return (*choose_batch_size(requested, effective_batch_size, lambda b: True, seq_len), seq_len)
     seq_len = -(-seq_len // 8) * 8  # the collator pads to a multiple of 8 on GPU
+    longest = max(sequences, key=len)
+    tokens = (list(longest) * (-(-seq_len // len(longest))))[:seq_len]  # real token ids of this model's vocabulary
     model.to(device)
-    fits = functools.partial(cuda_fits, model, seq_len=seq_len, dtype=autocast_dtype(mixed_precision, device),
+    fits = functools.partial(cuda_fits, model, tokens=tokens, dtype=autocast_dtype(mixed_precision, device),
                              adamw_8bit=adamw_8bit)
     return (*choose_batch_size(requested, effective_batch_size, fits, seq_len), seq_len)
 
 
-def step_peak_memory(model, batch_size, seq_len, dtype, adamw_8bit=False):
-    """Peak GPU bytes of one training step (forward, backward, AdamW's state) at batch_size x seq_len."""
+def step_peak_memory(model, batch_size, tokens, dtype, adamw_8bit=False):
+    """Peak GPU bytes of one training step (forward, backward, AdamW's state) on batch_size copies of `tokens`."""
     device = next(model.parameters()).device
     model.train()  # dropout's masks take memory too
     torch.cuda.reset_peak_memory_stats(device)
     # AdamW allocates its two moments for each trained parameter at its first step: hold their room now
     adam_state = torch.empty(adamw_state_bytes(model, adamw_8bit), dtype=torch.uint8, device=device)
-    ids = torch.full((batch_size, seq_len), 1000, dtype=torch.long, device=device)  # any real token id
+    ids = torch.tensor([tokens] * batch_size, dtype=torch.long, device=device)
     with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
         # the sum of the outputs stands for any task shape's loss: the head's few outputs take no memory,
         # and the backward pass through the model is the same
@@ -123,15 +125,15 @@ def memory_budget(free, total, reserved_here, headroom=MEMORY_HEADROOM):
     return headroom * (total - held_by_others)
 
 
-def cuda_fits(model, batch_size, seq_len, dtype, adamw_8bit=False):
-    """Whether a training step at batch_size x seq_len tokens fits in this process's share of GPU
+def cuda_fits(model, batch_size, tokens, dtype, adamw_8bit=False):
+    """Whether a training step on batch_size copies of `tokens` fits in this process's share of GPU
     memory (memory_budget) with MEMORY_HEADROOM to spare. Leaves the model's weights unchanged."""
     device = next(model.parameters()).device
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     budget = memory_budget(free, total, torch.cuda.memory_reserved(device))
     try:
-        peak = step_peak_memory(model, batch_size, seq_len, dtype, adamw_8bit)
+        peak = step_peak_memory(model, batch_size, tokens, dtype, adamw_8bit)
     except torch.cuda.OutOfMemoryError:
         peak = None  # leaving the except clause frees the failed step's tensors
     model.zero_grad(set_to_none=True)

@@ -1,4 +1,6 @@
-"""Students: what the pseudo and distill stages train on, as pure functions of the teachers' outputs.
+"""What a training run learns from and validates on (Rows), read from the tokenize, split and preprocess
+stages' outputs (TrainingData): a fold's rows for the train stage, and the students' rows, as pure functions
+of the teachers' outputs.
 
 Pseudo-labels (the pseudo stage): student fold K learns fold K's training rows with their labels, plus
 test rows labelled by teacher fold K alone, never by the ensemble. Every other teacher trained on fold
@@ -9,11 +11,89 @@ score, the leak Feedback Prize 3's write-ups warn of). Teacher K never saw fold 
 Distillation (the distill stage): one smaller student learns every training row's out-of-fold outputs
 (each from the teacher that did not train on it), and optionally the test rows' ensemble outputs.
 """
-import numpy as np
+import dataclasses
+import json
+from pathlib import Path
 
-from training.run import Rows
+import numpy as np
+from safetensors.torch import load_file
+
+from pipeline.settings import PipelineError
+from predicting import folds
 from reading.tokens import unpack_flat, unpack_sequences
 from reading.windows import text_of_row
+from tasks.shapes import SHAPES
+
+TOKENIZED = Path("data/tokenized")
+LABELS = Path("data/processed/labels.json")
+SHAPE = Path("data/processed/shape.json")
+
+
+@dataclasses.dataclass
+class TrainingData:
+    """What every training stage reads before its rows: data/processed's shape.json (the task shape, how
+    the texts were read and cleaned) and labels.json, the tokenize stage's settings.json, and each training
+    row's fold (data/split/folds.csv)."""
+    processed: dict
+    labels: list
+    tokenized: dict
+    row_folds: np.ndarray
+
+    @property
+    def shape(self):
+        return SHAPES[self.processed["kind"]]
+
+    @property
+    def fold_count(self):
+        return folds.fold_count(self.row_folds)
+
+    @property
+    def files(self):
+        """The files it was read from, whose digest a checkpoint must match."""
+        return [TOKENIZED / "train.safetensors", TOKENIZED / "settings.json", LABELS, SHAPE, folds.FOLDS_CSV]
+
+    def check_fold(self, fold, setting):
+        """A one-line error for a fold that data/split/folds.csv does not have (setting: where it came from)."""
+        if not 0 <= fold < self.fold_count:
+            raise PipelineError(f"{setting} {fold}: {folds.FOLDS_CSV} has folds 0 to {self.fold_count - 1} "
+                                "(cv.folds): rerun `dvc repro split`, or pick one of those")
+
+
+def read_training_data():
+    def read(path):
+        return json.loads(path.read_text(encoding="utf-8"))
+
+    return TrainingData(read(SHAPE), read(LABELS), read(TOKENIZED / "settings.json"), folds.read_folds())
+
+
+@dataclasses.dataclass
+class Rows:
+    """Every row the run sees: token ids, segment ids (pairs) or None, the text of each row (windows),
+    each row's target in the outputs' units (a class id, or soft: probabilities or a value), the rows it
+    trains on and the ones it validates on (class ids there; empty: none). soft: some train rows' targets
+    are probability vectors (a classification student)."""
+    sequences: list
+    token_types: list | None
+    texts: np.ndarray
+    targets: list
+    train: np.ndarray
+    val: np.ndarray
+    soft: bool = False
+
+
+def fold_rows(tensors, row_folds, fold):
+    """The train file's Rows (tensors: data/tokenized/train.safetensors) for fold `fold`: it trains on the
+    other folds' rows and validates on its own; windows (tokenize.truncation) go with their text's fold."""
+    sequences, label_ids = unpack_sequences(tensors)
+    texts = text_of_row(tensors)  # several rows (windows) of a text
+    row_folds = row_folds[texts]
+    return Rows(sequences, unpack_flat(tensors, "token_type_ids"), texts, list(label_ids),
+                train=np.flatnonzero(row_folds != fold), val=np.flatnonzero(row_folds == fold))
+
+
+def read_train_file():
+    """data/tokenized/train.safetensors."""
+    return load_file(TOKENIZED / "train.safetensors")
 
 
 def pseudo_labels(outputs, shape, labels, threshold, share, seed):

@@ -3,9 +3,8 @@ and distill stages read alike, and the --fold argument of the stages that run on
 import argparse
 
 from pipeline.settings import SEEDS, Range, load_params
-from tasks.shapes import TASK_PARAMS
-from training import lora, techniques
-from training.arguments import MACHINE_PARAMS  # the pretrain stage reads the machine section too
+from tasks.shapes import SHAPES, TASK_PARAMS
+from training import lora, losses, techniques
 from training.batch_size import check_batch_size
 from training.processes import per_process_batch
 
@@ -14,12 +13,17 @@ TRAIN_PARAMS = {"epochs": (float, Range(0, low_open=True)), "batch_size": (int, 
                 "effective_batch_size": (int, Range(1)), "lr": (float, Range(0, 1, low_open=True)),
                 "weight_decay": (float, Range(0, 1)), "warmup_ratio": (float, Range(0, 1, high_open=True)),
                 "max_grad_norm": (float, Range(0)), "seed": (int, SEEDS), "group_by_length": (bool,),
-                "mixed_precision": (bool,), "tf32": (bool,), "fused_adamw": (bool,),
-                "unpadded": (bool,), "compile": (bool, "auto"), "dropout": (float, "model", Range(0, 1, high_open=True)),
+                "mixed_precision": (bool,), "tf32": (bool,), "fused_adamw": (bool,), "compile": (bool,),
+                "dropout": (float, "model", Range(0, 1, high_open=True)),
                 "freeze_embeddings": (bool,), "num_processes": (int, Range(1)), "evaluations": (int, "epoch", Range(1)),
                 "keep_best": (bool,), "patience": (int, None, Range(1)), "gradient_checkpointing": (bool,),
                 "lora_rank": (int, Range(0)), "lora_alpha": (float, Range(0, low_open=True)),
-                "lora_modules": (lora.ALL_LINEAR, list), "adamw_8bit": (bool,), **techniques.TECHNIQUE_PARAMS}
+                "lora_modules": (lora.ALL_LINEAR, list), "adamw_8bit": (bool,), "loss": ("auto", *losses.LOSSES),
+                **techniques.TECHNIQUE_PARAMS}
+
+# what each machine.* key accepts; the train, pseudo, distill and pretrain stages read the section
+MACHINE_PARAMS = {"checkpoint_dir": (str,), "checkpoint_minutes": (float, Range(0, low_open=True)),
+                  "checkpoint_steps": (int, None, Range(1)), "loader_workers": (int, Range(0)), "pin_memory": (bool,)}
 
 
 def parse_fold(argv, prog="python -m stages.train", what="train one fold"):
@@ -32,7 +36,8 @@ def train_settings():
     """The train, machine and task.metric settings, checked before any work."""
     params = load_params("train", TRAIN_PARAMS)
     machine = load_params("machine", MACHINE_PARAMS)
-    task_metric = load_params("task", TASK_PARAMS)["metric"]  # train.keep_best and train.patience go by it
+    task = load_params("task", TASK_PARAMS)
     lora.check_modules(params["lora_modules"])
+    techniques.loss_name(params, task["kind"], SHAPES[task["kind"]].loss)
     check_batch_size(params["batch_size"], per_process_batch(params["effective_batch_size"], params["num_processes"]))
-    return params, machine, task_metric
+    return params, machine, task["metric"]  # train.keep_best and train.patience go by task.metric

@@ -3,7 +3,7 @@ module plugged into Trainer the way transformers' own features are:
 - layer-wise learning rates and a head rate, re-initialised top layers (layerwise.py): an optimizer factory;
 - weight averaging, EMA or SWA (averaging.py): a callback;
 - adversarial training, FGM or AWP (adversarial.py): a second pass in CountingTrainer.training_step;
-- class-weighted and focal losses (losses.py): Trainer's compute_loss_func.
+- the loss (losses.py), class-weighted or focal: Trainer's compute_loss_func.
 plug_in() turns the settings into Trainer's arguments and callbacks, and says in the log which are on.
 """
 import math
@@ -13,7 +13,7 @@ import numpy as np
 from pipeline.settings import PipelineError, Range
 from training import adversarial, averaging, layerwise, losses
 
-# the train.* keys of the techniques; stages/train.py adds them to TRAIN_PARAMS
+# the train.* keys of the techniques; training/settings.py adds them to TRAIN_PARAMS
 TECHNIQUE_PARAMS = {
     "layer_lr_decay": (float, Range(0, 1, low_open=True)), "head_lr_multiple": (float, Range(0, 1000, low_open=True)),
     "reinit_layers": (int, Range(0)),
@@ -50,26 +50,36 @@ def class_weights(setting, kind, classes, train_labels):
     return np.array(weights)
 
 
-def loss_function(params, kind, classes, train_labels):
-    """Trainer's compute_loss_func for the imbalance settings, and its description; (None, None) when off."""
-    setting, gamma = params["class_weights"], params["focal_gamma"]
-    if setting == "none" and not gamma:
-        return None, None
-    if kind == "regression":
+def loss_name(params, kind, default):
+    """train.loss, auto being the task shape's `default`; a one-line error for a loss, class weights or focal
+    loss that the task kind cannot take."""
+    name = default if params["loss"] == "auto" else params["loss"]
+    kinds = losses.LOSSES[name][0]
+    if kind not in kinds:
+        raise PipelineError(f"params.yaml: train.loss {name} trains {' and '.join(kinds)}, not task.kind {kind}: "
+                            f"use auto ({default})")
+    if kind == "regression" and (params["class_weights"] != "none" or params["focal_gamma"]):
         raise PipelineError("params.yaml: train.class_weights and train.focal_gamma weigh classes; "
                             "task.kind regression has none: set them to none and 0")
+    return name
+
+
+def loss_function(params, kind, default, classes, train_labels):
+    """Trainer's compute_loss_func for train.loss (auto: the task shape's `default`), train.class_weights and
+    train.focal_gamma, and a line for the log naming what is on ("" for the shape's plain loss)."""
+    name, setting, gamma = loss_name(params, kind, default), params["class_weights"], params["focal_gamma"]
     weights = class_weights(setting, kind, classes, train_labels)
-    what = "pos_weight" if kind == "multilabel" else "class weights"
-    described = []
+    described = [f"train.loss {name}"] if name != default else []
     if weights is not None:
+        what = "pos_weight" if kind == "multilabel" else "class weights"
         described.append(f"train.class_weights {setting if isinstance(setting, str) else 'as given'}: {what} " +
                          ", ".join(f"{c} {w:.3g}" for c, w in zip(classes, weights)))
     if gamma:
         described.append(f"train.focal_gamma {gamma:g}: focal loss")
-    return losses.TaskLoss(kind, weights, gamma), "; ".join(described)
+    return losses.TaskLoss(name, kind, weights, gamma), "; ".join(described)
 
 
-def plug_in(params, model, args, kind, classes, train_labels, resume=None, say=print):
+def plug_in(params, model, args, shape, classes, train_labels, resume=None, say=print):
     """(keyword arguments for CountingTrainer, callbacks to put after the ones that ask for evaluations)
     for the technique settings in params (the train section), model the model being trained and args
     its TrainingArguments. Re-initialises the top layers of model now, when asked. Prints a line per
@@ -102,9 +112,9 @@ def plug_in(params, model, args, kind, classes, train_labels, resume=None, say=p
         say(f"train.adversarial {adversary.name}: {size}, from epoch {params['adversarial_from']:g}"
             + ("" if params["adversarial_from"] < params["epochs"] else
                f" (never: train.epochs is {params['epochs']:g})"))
-    loss, described = loss_function(params, kind, classes, train_labels)
-    if loss:
-        kwargs["compute_loss_func"] = loss
+    kwargs["compute_loss_func"], described = loss_function(params, shape.kind, shape.loss, classes,
+                                                            train_labels)
+    if described:
         say(described)
     return kwargs, callbacks
 

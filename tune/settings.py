@@ -27,7 +27,7 @@ STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # it names exp
 # where each params.yaml section's checks live (module:name), imported only for the sections searched
 SECTION_SPECS = {"preprocess": "stages.preprocess:PREPROCESS_PARAMS", "model": "modeling.models:MODEL_PARAMS",
                  "tokenize": "stages.tokenize:TOKENIZE_PARAMS", "split": "stages.split:SPLIT_PARAMS",
-                 "train": "stages.train:TRAIN_PARAMS"}
+                 "train": "training.settings:TRAIN_PARAMS"}
 # not searchable: what the data is (fetch), what the score means (cv.folds), the study itself
 NOT_SEARCHED = {"fetch": "it changes the data", "cv": "it changes what the score means",
                 "task": "it changes what the score means", "tune": "it is the study"}

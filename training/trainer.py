@@ -1,0 +1,116 @@
+"""transformers' Trainer as the pipeline trains with it: every micro-batch counted (training/speed.py's
+Throughput), length groups shuffled reproducibly, evaluations that leave the random state as it was, an
+adversarial second pass (training/adversarial.py), and with train.compile one compiled graph for every
+batch shape."""
+import os
+import shutil
+
+import torch
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_pt_utils import LengthGroupedSampler
+
+from pipeline.settings import PipelineError
+
+
+class EpochSeededLengthGroupedSampler(LengthGroupedSampler):
+    """transformers' length-grouped order, drawn from a generator seeded with (seed, epoch) alone,
+    as accelerate's SeedableRandomSampler does for plain shuffling. transformers' own sampler draws
+    from the global RNG when an epoch starts, a state a run resumed mid-epoch cannot rebuild: it
+    would see other batches than the run it continues. Seeded this way, a resumed epoch replays the
+    same order, and every process of a multi-process run draws the same one."""
+
+    def __init__(self, batch_size, lengths, seed):
+        super().__init__(batch_size, lengths=lengths)
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch):  # Trainer and accelerate call it before each epoch
+        self.epoch = epoch
+
+    def __iter__(self):
+        self.generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        yield from super().__iter__()
+        self.epoch += 1  # when nobody calls set_epoch, the next pass is still a new order
+
+
+class CountingTrainer(Trainer):
+    """Trainer that hands every training micro-batch to a Throughput callback to be counted,
+    shuffles length groups reproducibly (EpochSeededLengthGroupedSampler), and evaluates without
+    touching the RNG that dropout draws from. With an adversary (training/adversarial.py), each
+    micro-batch of its epochs takes a second, perturbed forward and backward."""
+
+    def __init__(self, *args, throughput, callbacks=(), adversary=None, **kwargs):
+        super().__init__(*args, callbacks=[*callbacks, throughput], **kwargs)
+        self.throughput = throughput
+        self.adversary = adversary
+        # transformers 5 sees **kwargs in BertForSequenceClassification.forward, assumes the
+        # model normalises its loss by num_items_in_batch and skips dividing by the accumulation
+        # steps; the model's loss is a per-batch mean, so losses (and gradients) would be summed
+        # over micro-batches. False makes Trainer average them, as accumulation should.
+        self.model_accepts_loss_kwargs = False
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.throughput.count(inputs)
+        if self.adversary is None or not self.adversary.active(self.state.epoch):
+            return super().training_step(model, inputs, num_items_in_batch)
+        with self.adversary.watch(model):  # copies: a loss function takes "labels" out of what it is given
+            loss = super().training_step(model, dict(inputs), num_items_in_batch)
+        with self.adversary.perturbed(model):  # its gradients add to the first pass's
+            super().training_step(model, dict(inputs), num_items_in_batch)
+        return loss
+
+    def _get_eval_sampler(self, eval_dataset):
+        # the train stage hands over its validation rows sorted by length: kept in that order, batches
+        # pad little, and the logits come back in an order the stage knows (its out-of-fold predictions)
+        return torch.utils.data.SequentialSampler(eval_dataset) if self.args.world_size <= 1 else None
+
+    def _get_train_sampler(self, train_dataset=None):
+        if self.args.train_sampling_strategy != "group_by_length":
+            return super()._get_train_sampler(train_dataset)
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        # The seed comes from the global RNG right after Trainer seeded it (train.seed): the same
+        # in a resumed run and in every process, and new for each dataloader built after that.
+        seed = int(torch.randint(2**31, ()))
+        # grouped by the micro-batch, not the effective batch: transformers sorts "megabatches" of
+        # min(n / (4 x batch), 50) batches, and with a big effective batch that is one effective batch,
+        # whose first micro-batch then holds its longest texts (measured on the embedded tweets, 1024 x 4
+        # accumulated, max_length 512: 54% of tokens padding, 44% when grouped by the micro-batch)
+        return EpochSeededLengthGroupedSampler(self.args.train_batch_size,
+                                               [len(example["input_ids"]) for example in dataset], seed)
+
+    def evaluate(self, *args, **kwargs):
+        """Evaluation at an epoch's end draws from the global RNG (the dataloader's base seed).
+        Putting the RNG back makes it neutral, so a run resumed from a checkpoint saved just before
+        an evaluation draws the same dropout masks as the run that went on."""
+        cpu = torch.random.get_rng_state()
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            torch.random.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state_all(cuda)
+
+
+class EveryShapeAtOnce(TrainerCallback):
+    """train.compile: torch.compile traces a batch's size and length as variables from the first batch on
+    (torch.compile(dynamic=True), which Trainer does not pass), so that one graph serves every batch. By
+    default it would compile the first batch's exact shape, then again for the second length (each
+    length-grouped batch has its own) and for the epoch's last, short batch: three compilings of the whole
+    model, 25-35 s each on a CPU for the tests' tiny model, 13-45 s on a GPU for MiniLM."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.patch = torch._dynamo.config.patch(assume_static_by_default=False)
+        self.patch.__enter__()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.patch.__exit__(None, None, None)
+
+
+def check_compiler(compile, device):
+    """train.compile on a CPU: torch.compile builds its kernels with a C++ compiler (Inductor's
+    cpp.cxx: $CXX, else g++); a one-line error before any work where there is none."""
+    if compile and device == "cpu" and not shutil.which(os.environ.get("CXX") or "g++"):
+        raise PipelineError("params.yaml: train.compile true: on a CPU torch.compile builds its kernels with a "
+                            "C++ compiler, and none is installed here (apt-get install g++, or set CXX); or set it "
+                            "to false")
