@@ -1,7 +1,8 @@
-"""The layout: stages/ holds the stages dvc.yaml runs and nothing else, the shared code sits in folders
-by concern that never import a stage nor each other in a circle, and each stage's deps in dvc.yaml are
-exactly the project modules its command imports, transitively. A helper edited without its stage
-rerunning would leave stale cached results that nobody notices: the deps test is what prevents that."""
+"""The layout: stages/ holds the stages dvc.yaml runs and nothing else, the shared code sits in folders by
+concern that never import a stage nor each other in a circle, and each stage's code deps in dvc.yaml (its own
+module and the shared code's folders) cover exactly the project modules its command imports, transitively. A
+helper edited without its stage rerunning would leave stale cached results that nobody notices: the deps test
+is what prevents that."""
 import ast
 import os
 import re
@@ -63,14 +64,17 @@ def stage_commands(dvc_yaml):
 
 
 def deps_mismatches(root):
-    """Lines naming each stage whose .py deps differ from its command's import closure (empty: all exact)."""
+    """Lines naming each stage whose code deps (.py files, and folders of the shared code, which DVC hashes
+    whole) do not cover its command's import closure, or name code it never imports (empty: all exact)."""
     problems = []
     for name, (module, deps) in stage_commands(root / "dvc.yaml").items():
-        declared = {d for d in deps if d.endswith(".py")}
+        files = {d for d in deps if d.endswith(".py")}
+        folders = {d.rstrip("/") for d in deps if d.rstrip("/") in LIBRARY}
         imported = import_closure(root, module)
-        if declared != imported:
-            problems.append(f"{name}: imports but does not declare {sorted(imported - declared)}; "
-                            f"declares but does not import {sorted(declared - imported)}")
+        uncovered = sorted(f for f in imported if f not in files and f.split("/")[0] not in folders)
+        unused = sorted(files - imported) + sorted(d for d in folders if not any(f.startswith(f"{d}/") for f in imported))
+        if uncovered or unused:
+            problems.append(f"{name}: imports but does not declare {uncovered}; declares but does not import {unused}")
     return problems
 
 
@@ -89,9 +93,16 @@ def test_the_deps_check_fails_when_a_stage_imports_a_module_it_does_not_declare(
     split.write_text(split.read_text() + "\n\ndef late():\n    from training import checkpoint  # noqa: F401\n")
     problems = deps_mismatches(tmp_path)
     assert len(problems) == 1 and problems[0].startswith("split: imports but does not declare ['training/checkpoint.py'")
-    helper = tmp_path / "training/checkpoint.py"  # and through a helper: checkpoint now imports unpadded
-    helper.write_text("from training import unpadded  # noqa: F401\n" + helper.read_text())
-    assert "training/unpadded.py" in deps_mismatches(tmp_path)[0]
+    split.write_text(split.read_text().replace("\n\ndef late():\n    from training import checkpoint  # noqa: F401\n", ""))
+    assert deps_mismatches(tmp_path) == []
+    helper = tmp_path / "training/checkpoint.py"  # through a helper, into a folder the train stage does not declare
+    helper.write_text("from baselines import tfidf  # noqa: F401\n" + helper.read_text())
+    problems = deps_mismatches(tmp_path)
+    assert any(p.startswith("train: imports but does not declare ['baselines/tfidf.py'") for p in problems), problems
+    helper.write_text(helper.read_text().replace("from baselines import tfidf  # noqa: F401\n", ""))
+    dvc_yaml = tmp_path / "dvc.yaml"  # a folder declared that the stage never imports
+    dvc_yaml.write_text(dvc_yaml.read_text().replace("      - stages/split.py\n", "      - stages/split.py\n      - fetching\n"))
+    assert deps_mismatches(tmp_path) == ["split: imports but does not declare []; declares but does not import ['fetching']"]
 
 
 def test_stages_holds_the_stages_of_dvc_yaml_and_nothing_else():
