@@ -40,7 +40,7 @@ def test_compile_auto_compiles_where_measured_faster_and_the_run_repays_it(setti
 
 
 @pytest.mark.parametrize("isa, precision, steps, compiled", [
-    # what params.yaml and docs/speed-cpu.md tell users of MEASURED's own rows: the default run (917 steps)
+    # what bench/README.md records of MEASURED's own rows: the default run (917 steps)
     # stays eager on every CPU measured; on the EPYC compiling gained nothing, so never; with AMX in bf16
     # it repays the compiling from about 4,900 steps on
     ("AMX", "bfloat16", 917, False),
@@ -55,7 +55,7 @@ def test_the_measured_cpus_compile_where_the_docs_say(isa, precision, steps, com
 
 
 @pytest.mark.parametrize("gpu, steps, compiled", [
-    # what docs/speed-gpu.md tells users of the H100's row: measured 1.13x with a cost of about 1,900 eager steps,
+    # what bench/README.md records of the H100's row: measured 1.13x with a cost of about 1,900 eager steps,
     # so the default run (917 steps) and a 40k-row contest's five epochs (6,250 steps) stay eager; it pays from
     # 1,900 / (1 - 1/1.13) = 16,515 steps on. The H200 was never measured side by side: eager, whatever the run
     ("NVIDIA H100 80GB HBM3", 917, False),
