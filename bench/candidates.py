@@ -94,7 +94,7 @@ CANDIDATES = {
     "compiled_autograd": ({"compile": True}, None, None, {}),
     "cuda_graphs": ({"compile": True}, None, None, {"torch_compile_mode": "reduce-overhead"}),
     # Inductor's autotuning of each matmul among ATen's and its own C++ GEMM templates (AMX micro-kernels on a CPU);
-    # torch 2.13 offers those templates only for constant (frozen) weights, so in training it keeps ATen's (docs/speed-cpu.md)
+    # torch 2.13 offers those templates only for constant (frozen) weights, so in training it keeps ATen's (bench/README.md)
     "max_autotune": ({"compile": True}, None, None, {"torch_compile_mode": "max-autotune-no-cudagraphs"}),
     # eager attention: SDPA's CPU kernel computes its own products in bf16 under that setting too, at its slow bf16 speed
     "fp32_bf16_matmuls": ({"mixed_precision": False}, False, "eager", {}),

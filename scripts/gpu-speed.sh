@@ -5,7 +5,7 @@
 # from the project root, with .gpu carried along:
 #   bash scripts/gpu-speed.sh [STEP ...]      # default: every step, in this order
 # Steps (the most wanted first), with the seconds each took on the H200 on 2026-12-04 where it ran then, and
-# on an H100 on 2026-12-05 (all six in 472 s; docs/speed-gpu.md):
+# on an H100 on 2026-12-05 (all six in 472 s; bench/README.md):
 #   candidates      bench.candidates --gpu: SDPA without cuDNN's kernel, fp32 (TF32), torch.compile, CUDA
 #                   graphs, padding-free batches, each against the defaults side by side (MiniLM, the
 #                   default batch), after one untimed run of the defaults (about 150 s; the H100 98 s)
