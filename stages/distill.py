@@ -36,7 +36,7 @@ from reading import windows
 from reading.tokens import unpack_flat, unpack_sequences
 from training import checkpoint
 from training.pretrained import start_model
-from training.rows import TOKENIZED, Rows, read_train_file, read_training_data, with_test_rows
+from training.rows import TOKENIZED, distillation_rows, read_train_file, read_training_data, with_test_rows
 from training.run import Job, train
 from training.settings import train_settings
 
@@ -93,6 +93,21 @@ def rows_per_second(run_model, sequences):
     return len(sequences) / (time.perf_counter() - start)
 
 
+def speed_against_ensemble(tokenizer, student, run, sequences, token_types, device):
+    """speed.json: the student's rows/s and the fold ensemble's (every teacher in models/, one after the
+    other) on the same rows, on `device`."""
+    student_speed = rows_per_second(lambda s: fold_outputs(tokenizer, student, run, s, token_types, device), sequences)
+    seconds = 0.0
+    for teacher_folder, teacher_run in zip(*fold_folders("models")):
+        teacher_tokenizer, teacher_model = load_fold(teacher_folder, teacher_run, device)
+        seconds += len(sequences) / rows_per_second(
+            lambda s: fold_outputs(teacher_tokenizer, teacher_model, teacher_run, s, token_types, device), sequences)
+    ensemble_speed = len(sequences) / seconds
+    return {"rows": len(sequences), "student_rows_per_s": round(student_speed, 1),
+            "ensemble_rows_per_s": round(ensemble_speed, 1), "speedup": round(student_speed / ensemble_speed, 2),
+            "student_weights": sum(p.numel() for p in student.parameters()), "device": device}
+
+
 def main():
     distill = load_params("distill", DISTILL_PARAMS)
     parser = argparse.ArgumentParser(prog="python -m stages.distill", description="distill the fold ensemble into one student")
@@ -108,32 +123,23 @@ def main():
     if not interactive():
         transformers.utils.logging.disable_progress_bar()
     data = read_training_data()
-    shape, labels, k = data.shape, data.labels, data.fold_count
-    columns = shape.outputs(labels)
+    shape, k, columns = data.shape, data.fold_count, data.shape.outputs(data.labels)
     texts_out, oof = combine_out_of_fold(data.row_folds, [
         folds.read_probabilities(folds.outputs(f)["predictions"] / "oof.csv", columns) for f in range(k)])
     tensors = read_train_file()
-    sequences = unpack_sequences(tensors)[0]
-    texts = windows.text_of_row(tensors)
-    target_of = dict(zip(texts_out.tolist(), shape.soft_targets(oof)))
-    learned = np.flatnonzero(np.isin(texts, texts_out))  # the rows some teacher validated on
-    targets = [target_of.get(t) for t in texts.tolist()]
-    rows = Rows(sequences, unpack_flat(tensors, "token_type_ids"), texts, targets, learned, np.array([], dtype=int),
-                soft=shape.soft)
+    rows = distillation_rows(tensors, texts_out, oof, shape)
     has_test = (TOKENIZED / "test.safetensors").exists()
     test_tensors = load_file(TOKENIZED / "test.safetensors") if has_test else tensors
     test_sequences, test_types = unpack_sequences(test_tensors)[0], unpack_flat(test_tensors, "token_type_ids")
     test_texts = windows.text_of_row(test_tensors)
     teacher_files = [folds.outputs(f)["test"] for f in range(k)] if has_test else []
-    learns_test_rows = distill["test_rows"] and has_test
-    if learns_test_rows:
-        n = len(np.unique(test_texts))
-        mean = mean_test_probabilities([folds.read_probabilities(f, columns) for f in teacher_files], n)
-        rows = with_test_rows(rows, test_tensors, np.arange(n), mean, shape)
     print(student_line)
     print(f"distill@{name}: learning the out-of-fold outputs of {len(texts_out):,} training texts"
           + ("" if k > 1 else " (one fold: only its validation rows have out-of-fold outputs)"))
-    if learns_test_rows:
+    if distill["test_rows"] and has_test:
+        n = len(np.unique(test_texts))
+        mean = mean_test_probabilities([folds.read_probabilities(f, columns) for f in teacher_files], n)
+        rows = with_test_rows(rows, test_tensors, np.arange(n), mean, shape)
         print(f"distill.test_rows: also the ensemble's outputs of the {n:,} test texts")
 
     def after(folder, tokenizer, trained, run):  # its test outputs, and its speed against the ensemble's
@@ -143,19 +149,8 @@ def main():
             folds.write_probabilities(folds.probabilities_frame(range(len(predicted)), predicted, columns),
                                       folder / "test.csv")
         sample = slice(0, distill["speed_rows"])  # the same rows through the student, then every teacher
-        sample_types = None if test_types is None else test_types[sample]
-        student_speed = rows_per_second(lambda s: fold_outputs(tokenizer, trained, run, s, sample_types, device),
-                                        test_sequences[sample])
-        seconds = 0.0
-        for teacher_folder, teacher_run in zip(*fold_folders("models")):
-            teacher_tokenizer, teacher_model = load_fold(teacher_folder, teacher_run, device)
-            seconds += len(test_sequences[sample]) / rows_per_second(
-                lambda s: fold_outputs(teacher_tokenizer, teacher_model, teacher_run, s, sample_types, device),
-                test_sequences[sample])
-        ensemble_speed = len(test_sequences[sample]) / seconds
-        speed = {"rows": len(test_sequences[sample]), "student_rows_per_s": round(student_speed, 1),
-                 "ensemble_rows_per_s": round(ensemble_speed, 1), "speedup": round(student_speed / ensemble_speed, 2),
-                 "student_weights": sum(p.numel() for p in trained.parameters()), "device": device}
+        speed = speed_against_ensemble(tokenizer, trained, run, test_sequences[sample],
+                                       None if test_types is None else test_types[sample], device)
         print(f"distill@{name}: {speed['student_rows_per_s']:,.0f} rows/s against the {k}-fold ensemble's "
               f"{speed['ensemble_rows_per_s']:,.0f} on the same {speed['rows']:,} rows ({speed['speedup']:.2f}x)")
         write_json(folder / "speed.json", speed)

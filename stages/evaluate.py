@@ -68,6 +68,7 @@ def described(scores, names):
     return ", ".join(f"{NAMES[name]} {scores[name]:.4f}" if scores[name] is not None else f"{NAMES[name]} undefined"
                      for name in names)
 
+
 def train_settings():
     """train.epochs, train.lr and train.freeze_embeddings, checked (the train stage checks the rest)."""
     train = load_params("train")
@@ -134,63 +135,35 @@ def unused_folders(k):
                   if not p.name.removeprefix("fold-").isdigit() or int(p.name.removeprefix("fold-")) >= k)
 
 
-def main():
-    task, train = task_params(), train_settings()
-    submit = load_params("evaluate", EVALUATE_PARAMS)["submit"]
-    # the students (the pseudo and distill stages check these keys; evaluate only needs which ran)
-    pseudo_folds, distilled = load_params("pseudo").get("folds") or [], list(load_params("distill").get("students") or {})
-    data = json.loads((PROCESSED / "shape.json").read_text(encoding="utf-8"))
-    if data["kind"] != task["kind"]:
-        raise PipelineError(f"params.yaml: task.kind is {task['kind']}, but {PROCESSED} holds {data['kind']} data: "
-                            "rerun `dvc repro`")
-    shape, metric = SHAPES[data["kind"]], competition_metric(task["metric"], data["kind"])
-    labels = json.loads((PROCESSED / "labels.json").read_text(encoding="utf-8"))
-    columns = shape.outputs(labels)  # of the prediction files
-    row_folds = folds.read_folds()
+def out_of_fold_scores(shape, labels, metric, columns, row_folds, names):
+    """(metrics: `val` with one fold, else `oof` and `cv`; the rows scored, their truth and outputs; the
+    multi-label threshold chosen on them, else None)."""
     k = folds.fold_count(row_folds)
-    if stale := unused_folders(k):
-        print(f"{folds.PREDICTIONS}/: {', '.join(stale)} left by an earlier run with more folds; not used "
-              "(delete them to keep the folder tidy)")
-
     y_train = shape.truth(read_csv(PROCESSED / "train.csv")["label"], labels)
     oof = [folds.read_probabilities(folds.outputs(fold)["predictions"] / "oof.csv", columns) for fold in range(k)]
-    rows, oof_outputs = combine_out_of_fold(row_folds, oof)
+    rows, outputs = combine_out_of_fold(row_folds, oof)
     y_true = y_train[rows]
-    threshold = shape.threshold(y_true, oof_outputs, metric)  # multi-label: chosen on the validation rows
-    names = headline(shape.kind, metric)
+    threshold = shape.threshold(y_true, outputs, metric)  # multi-label: chosen on the validation rows
     if k == 1:
-        metrics = {"val": shape.report(y_true, oof_outputs, labels, metric, threshold)}
+        metrics = {"val": shape.report(y_true, outputs, labels, metric, threshold)}
     else:
         per_fold = [shape.report(y_train[r], p, labels, metric, threshold) for r, p in oof]
-        metrics = {"oof": shape.report(y_true, oof_outputs, labels, metric, threshold), "cv": spread(per_fold, names)}
-    confusion = shape.confusion(y_true, oof_outputs, labels, threshold)
+        metrics = {"oof": shape.report(y_true, outputs, labels, metric, threshold), "cv": spread(per_fold, names)}
+    return metrics, rows, y_true, outputs, threshold
 
-    submission = probabilities = test_truth = test = mean = None
-    if (PROCESSED / "test.csv").exists():
-        test = read_csv(PROCESSED / "test.csv")
-        mean = mean_test_probabilities([folds.read_probabilities(folds.outputs(fold)["test"], columns)
-                                        for fold in range(k)], len(test))
-        if (test["label"] != "").all():  # a labelled test file: score the submission
-            test_truth = shape.truth(test["label"], labels)
-            metrics["test"] = shape.report(test_truth, mean, labels, metric, threshold)
-    students, candidates = student_candidates(pseudo_folds, distilled, shape, k, y_true, row_folds, labels, metric,
-                                              columns, test, mean, threshold, test_truth)
-    metrics.update(students)
-    if test is not None:
-        if submit != "teachers" and submit not in candidates:
-            raise PipelineError(f"params.yaml: evaluate.submit {submit!r}: the run has teachers" +
-                                "".join(f", {c}" for c in candidates) + " (students: pseudo.folds; a name: distill.students)")
-        submitted, submitted_threshold = (mean, threshold) if submit == "teachers" else candidates[submit]
-        form = json.loads((PROCESSED / "submission.json").read_text(encoding="utf-8"))
-        submission = submission_frame(shape, test["id"], submitted, labels, form["header"], submitted_threshold,
-                                      data["label_separator"], form["probabilities"])
-        if labels:  # class probabilities; a regression submission holds all there is
-            probabilities = pd.concat([test[["id"]], pd.DataFrame(submitted, columns=labels)], axis=1)
-        if submit != "teachers":
-            whose = "the pseudo students' ensemble" if submit == "students" else f"distilled student {submit}"
-            print(f"evaluate.submit {submit}: the submission is {whose}'s")
-    split = "val" if k == 1 else "oof"
-    metrics["baseline"] = baseline_scores(split, shape, y_true, rows, labels, metric, columns, test_truth)
+
+def submission_frames(shape, test, submitted, labels, threshold, separator):
+    """(the submission in the form data/processed/submission.json says, the class probabilities or None)."""
+    form = json.loads((PROCESSED / "submission.json").read_text(encoding="utf-8"))
+    submission = submission_frame(shape, test["id"], submitted, labels, form["header"], threshold, separator,
+                                  form["probabilities"])
+    # class probabilities; a regression submission holds all there is
+    probabilities = pd.concat([test[["id"]], pd.DataFrame(submitted, columns=labels)], axis=1) if labels else None
+    return submission, probabilities
+
+
+def print_scores(metrics, shape, names, threshold, k):
+    """A line per split and per student, the baseline's and the folds' spread."""
     printed = shape.evaluated + tuple(n for n in names if n not in shape.evaluated)
     for part, m in metrics.items():
         if part in ("pseudo", "single_fold"):
@@ -211,13 +184,57 @@ def main():
         else:
             print(f"{part}: {described(m, printed)}" + (f" (threshold {threshold:g})" if threshold is not None else ""))
 
+
+def main():
+    task, train = task_params(), train_settings()
+    submit = load_params("evaluate", EVALUATE_PARAMS)["submit"]
+    # the students (the pseudo and distill stages check these keys; evaluate only needs which ran)
+    pseudo_folds, distilled = load_params("pseudo").get("folds") or [], list(load_params("distill").get("students") or {})
+    data = json.loads((PROCESSED / "shape.json").read_text(encoding="utf-8"))
+    if data["kind"] != task["kind"]:
+        raise PipelineError(f"params.yaml: task.kind is {task['kind']}, but {PROCESSED} holds {data['kind']} data: "
+                            "rerun `dvc repro`")
+    shape, metric = SHAPES[data["kind"]], competition_metric(task["metric"], data["kind"])
+    labels = json.loads((PROCESSED / "labels.json").read_text(encoding="utf-8"))
+    columns, names = shape.outputs(labels), headline(shape.kind, metric)  # the prediction files' columns
+    row_folds = folds.read_folds()
+    k = folds.fold_count(row_folds)
+    if stale := unused_folders(k):
+        print(f"{folds.PREDICTIONS}/: {', '.join(stale)} left by an earlier run with more folds; not used "
+              "(delete them to keep the folder tidy)")
+    metrics, rows, y_true, oof_outputs, threshold = out_of_fold_scores(shape, labels, metric, columns, row_folds, names)
+
+    submission = probabilities = test_truth = test = mean = None
+    if (PROCESSED / "test.csv").exists():
+        test = read_csv(PROCESSED / "test.csv")
+        mean = mean_test_probabilities([folds.read_probabilities(folds.outputs(fold)["test"], columns)
+                                        for fold in range(k)], len(test))
+        if (test["label"] != "").all():  # a labelled test file: score the submission
+            test_truth = shape.truth(test["label"], labels)
+            metrics["test"] = shape.report(test_truth, mean, labels, metric, threshold)
+    students, candidates = student_candidates(pseudo_folds, distilled, shape, k, y_true, row_folds, labels, metric,
+                                              columns, test, mean, threshold, test_truth)
+    metrics.update(students)
+    if test is not None:
+        if submit != "teachers" and submit not in candidates:
+            raise PipelineError(f"params.yaml: evaluate.submit {submit!r}: the run has teachers" +
+                                "".join(f", {c}" for c in candidates) + " (students: pseudo.folds; a name: distill.students)")
+        submitted, submitted_threshold = (mean, threshold) if submit == "teachers" else candidates[submit]
+        submission, probabilities = submission_frames(shape, test, submitted, labels, submitted_threshold,
+                                                      data["label_separator"])
+        if submit != "teachers":
+            whose = "the pseudo students' ensemble" if submit == "students" else f"distilled student {submit}"
+            print(f"evaluate.submit {submit}: the submission is {whose}'s")
+    split = "val" if k == 1 else "oof"
+    metrics["baseline"] = baseline_scores(split, shape, y_true, rows, labels, metric, columns, test_truth)
+    print_scores(metrics, shape, names, threshold, k)
     tokens = json.loads(TOKENS.read_text(encoding="utf-8"))["tokens"]
     print(comparison(split, metric, metrics[split][metric], metrics["baseline"][split][metric], shape.baseline,
                      likely_causes(tokens, train["epochs"], train["lr"], train["freeze_embeddings"])))
 
     with atomic_dir(REPORTS) as tmp:
         write_json(tmp / "metrics.json", metrics)
-        write_csv(confusion, tmp / "confusion_val.csv")
+        write_csv(shape.confusion(y_true, oof_outputs, labels, threshold), tmp / "confusion_val.csv")
     # the folder is written even with no test file, so DVC always finds its declared output
     with atomic_dir(SUBMISSION) as tmp:
         if submission is not None:

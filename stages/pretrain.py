@@ -20,6 +20,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from pipeline.command import interactive, run_main, seconds_since_start
 from pipeline.outputs import atomic_dir, write_json
@@ -50,38 +51,54 @@ def main():
 
 
 def pretrain(params, files):
-    """The stage, on: reads the texts (those of the extra `files` too), trains, writes models/pretrained and
-    the metrics."""
+    """The stage, on: reads the texts (those of the extra `files` too), masks the held-out ones, trains,
+    writes models/pretrained and the metrics."""
     # imported here, not above: off (the default, in every `dvc repro` of a new project) the stage loads
     # neither torch nor transformers, seconds of imports for two small files
-    import torch
     import transformers
-    from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, set_seed
-    from transformers.trainer_callback import PrinterCallback
 
-    from reading.tokens import joined, model_limit
-    from training import checkpoint, mlm
-    from training.arguments import pretraining_arguments
+    from modeling.models import model_params
+    from training import checkpoint
     from training.settings import MACHINE_PARAMS
-    from modeling.models import model_params, resolve_model
-    from modeling.precision import autocast_dtype
-    from training.progress import ProgressLog
 
     machine = load_params("machine", MACHINE_PARAMS)
     model = model_params()
+    if not interactive():  # bars of weights loaded, downloads: one endless line in a log
+        transformers.utils.logging.disable_progress_bar()
+    texts, extra_used = read_texts(params, files)
+    inputs = masked_inputs(params, model, texts)
+    folder = checkpoint.root(machine["checkpoint_dir"]) / "pretrain"
+    trainer, scores = train_masked_lm(params, machine, model, inputs, extra_used, folder)
+    written = write_outputs(model, texts, inputs, trainer, scores, extra_used)
+    checkpoint.remove(folder)
+    return written
+
+
+def read_texts(params, files):
+    """(the distinct texts to pretrain on, how many of them only the extra files have)."""
+    from training import mlm
+
     extra = extra_texts(files, params["extra_column"])
     frames = [read_csv(PROCESSED / "train.csv")]
     if (PROCESSED / "test.csv").exists():
         frames.append(read_csv(PROCESSED / "test.csv"))
     texts = mlm.corpus(frames, extra)
-    extra_used = len(texts) - len(mlm.corpus(frames))  # the extra texts not already among the competition's
     if len(texts) < 2:
         raise PipelineError(f"{PROCESSED}: {len(texts)} distinct text(s): pretraining needs some to train on "
                             "and some held out")
-    if not interactive():  # bars of weights loaded, downloads: one endless line in a log
-        transformers.utils.logging.disable_progress_bar()
-    source = resolve_model(model["name"])
-    remote_code = model["trust_remote_code"]
+    return texts, len(texts) - len(mlm.corpus(frames))  # the extra texts not already among the competition's
+
+
+def masked_inputs(params, model, texts):
+    """The model's tokenizer, the token ids of every text, which texts train and which are held out, and
+    the held-out texts masked once (batches), each setting checked against the model."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from modeling.models import resolve_model
+    from reading.tokens import joined, model_limit
+    from training import mlm
+
+    source, remote_code = resolve_model(model["name"]), model["trust_remote_code"]
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=remote_code)
     limit = model_limit(tokenizer, AutoConfig.from_pretrained(source, trust_remote_code=remote_code))
     if params["max_length"] > limit:
@@ -97,36 +114,51 @@ def pretrain(params, files):
     if not mlm.masked_count(held_out):
         raise PipelineError(f"no token of the {len(held)} held-out texts was masked: raise pretrain.held_out "
                             "or pretrain.mask_probability")
+    return SimpleNamespace(source=source, tokenizer=tokenizer, sequences=sequences, trained=trained, held=held,
+                           held_out=held_out, digest=mlm.texts_digest(texts))
+
+
+def train_masked_lm(params, machine, model, inputs, extra_used, folder):
+    """(the Trainer that trained the model with a masked-LM head, the held-out MLM scores before and after),
+    resuming a checkpoint in `folder` of the same settings and texts; a signal saves one and exits."""
+    import torch
+    import transformers
+    from transformers import AutoModelForMaskedLM, set_seed
+    from transformers.trainer_callback import PrinterCallback
+
+    from modeling.precision import autocast_dtype
+    from training import checkpoint, mlm
+    from training.arguments import pretraining_arguments
+    from training.progress import ProgressLog
 
     set_seed(params["seed"])  # before the model is built: seeds a new MLM head
     transformers.logging.set_verbosity_error()  # the table of weights not loaded: said in one line below
-    lm, loading = AutoModelForMaskedLM.from_pretrained(source, trust_remote_code=remote_code, output_loading_info=True)
+    lm, loading = AutoModelForMaskedLM.from_pretrained(inputs.source, trust_remote_code=model["trust_remote_code"],
+                                                       output_loading_info=True)
     transformers.logging.set_verbosity_warning()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = autocast_dtype(True, device)
-    folder = checkpoint.root(machine["checkpoint_dir"]) / "pretrain"
     checkpoint.check_writable(folder.parent, checkpoint.checkpoint_bytes(lm))
-    print(f"loaded {source}" + ("; its masked-LM head is new (randomly initialised)" if loading["missing_keys"] else ""))
-    print(f"pretrain on {device} ({str(dtype or torch.float32).removeprefix('torch.')}): {len(trained):,} texts "
-          f"({extra_used:,} of them extra), {len(held):,} held out; {params['mask_probability']:.0%} of tokens masked, "
-          f"at most {params['max_length']} tokens a text")
-    before = mlm.held_out_scores(lm.to(device), held_out, device, dtype)
+    print(f"loaded {inputs.source}" + ("; its masked-LM head is new (randomly initialised)" if loading["missing_keys"] else ""))
+    print(f"pretrain on {device} ({str(dtype or torch.float32).removeprefix('torch.')}): {len(inputs.trained):,} texts "
+          f"({extra_used:,} of them extra), {len(inputs.held):,} held out; {params['mask_probability']:.0%} of tokens "
+          f"masked, at most {params['max_length']} tokens a text")
+    before = mlm.held_out_scores(lm.to(device), inputs.held_out, device, dtype)
     head = mlm.masked_lm_head(lm)
-    if head is not None and not mlm.head_reads_each_token_alone(lm, head, {k: v.to(device) for k, v in held_out[0].items()}):
+    if head is not None and not mlm.head_reads_each_token_alone(lm, head, {k: v.to(device) for k, v in inputs.held_out[0].items()}):
         head = None
     print("the masked-LM head scores the masked tokens only" if head is not None else
           f"the masked-LM head scores every token: {type(lm).__name__}'s head was not found to score each token alone")
-
     settings = {**{f"pretrain.{k}": v for k, v in sorted(params.items())}, "model.name": model["name"],
-                "texts sha256": mlm.texts_digest(texts)}
+                "texts sha256": inputs.digest}
     resume = checkpoint.prepare(settings, folder)
     # a checkpoint leaves out the MLM decoder, which is the word embeddings (tied): Trainer calls it missing
     logging.getLogger("transformers.trainer").addFilter(lambda record: "missing keys in the checkpoint" not in record.getMessage())
     with checkpoint.StopOnSignal(save_every=60 * machine["checkpoint_minutes"]) as stop:
         trainer = mlm.MaskedTokensTrainer(
             model=lm, head=head, args=pretraining_arguments(params, machine, str(folder), device, dtype),
-            train_dataset=[{"input_ids": sequences[i]} for i in trained],
-            data_collator=mlm.BatchSeededMasking(tokenizer, params["mask_probability"], params["seed"]),
+            train_dataset=[{"input_ids": inputs.sequences[i]} for i in inputs.trained],
+            data_collator=mlm.BatchSeededMasking(inputs.tokenizer, params["mask_probability"], params["seed"]),
             callbacks=[stop, ProgressLog(shown=())])
         trainer.remove_callback(PrinterCallback)  # it prints a dict per log; ProgressLog prints lines
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
@@ -134,23 +166,32 @@ def pretrain(params, files):
         print(f"stopped by {signal.Signals(stop.stopped).name} at step {trainer.state.global_step} of "
               f"{trainer.state.max_steps}; saved a checkpoint in {folder}: rerun to resume from it")
         sys.exit(128 + stop.stopped)
-    after = mlm.held_out_scores(lm, held_out, device, dtype)
+    return trainer, (before, mlm.held_out_scores(lm, inputs.held_out, device, dtype))
 
-    encoder = mlm.with_pooler(lm, AutoModel.from_pretrained(source, trust_remote_code=remote_code))
+
+def write_outputs(model, texts, inputs, trainer, scores, extra_used):
+    """models/pretrained (the encoder with its checkpoint's pooler, the tokenizer, the marker) and the metrics."""
+    from transformers import AutoModel
+
+    from training import mlm
+
+    before, after = scores
+    base = AutoModel.from_pretrained(inputs.source, trust_remote_code=model["trust_remote_code"])
+    steps = trainer.state.global_step
     with atomic_dir(PRETRAINED) as tmp:
-        encoder.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        mlm.with_pooler(trainer.model, base).save_pretrained(tmp)
+        inputs.tokenizer.save_pretrained(tmp)
         write_json(tmp / MARKER, {"pretrained": True, "model": model["name"], "texts": len(texts),
-                                  "texts sha256": settings["texts sha256"], "steps": trainer.state.global_step})
+                                  "texts sha256": inputs.digest, "steps": steps})
     seconds = round(seconds_since_start(), 1)
+    held = len(inputs.held)
     write_json(METRICS, {"pretrained": True, "model": model["name"],
-                         "texts": {"trained": len(trained), "held_out": len(held), "extra": extra_used},
-                         "masked_tokens": mlm.masked_count(held_out), "steps": trainer.state.global_step,
+                         "texts": {"trained": len(inputs.trained), "held_out": held, "extra": extra_used},
+                         "masked_tokens": mlm.masked_count(inputs.held_out), "steps": steps,
                          "mlm_loss": {"before": before["loss"], "after": after["loss"]},
                          "mlm_perplexity": {"before": before["perplexity"], "after": after["perplexity"]},
                          "seconds": seconds})
-    checkpoint.remove(folder)
-    print(f"pretrain: MLM loss on {len(held):,} held-out texts {before['loss']:.2f} -> {after['loss']:.2f} "
+    print(f"pretrain: MLM loss on {held:,} held-out texts {before['loss']:.2f} -> {after['loss']:.2f} "
           f"(perplexity {before['perplexity']:.1f} -> {after['perplexity']:.1f}) in {seconds:.0f} s")
     return [PRETRAINED, METRICS]
 

@@ -57,12 +57,11 @@ def main():
     pseudo = load_params("pseudo", PSEUDO_PARAMS)
     params, machine, task_metric = train_settings()
     model = model_params()
-    data = read_training_data()
+    data = read_training_data(fold, "pseudo.folds")
     shape, labels = data.shape, data.labels
     check_settings(pseudo, shape.kind)
     if not interactive():
         transformers.utils.logging.disable_progress_bar()
-    data.check_fold(fold, "pseudo.folds")
     teacher_file = folds.outputs(fold)["test"]
     if not (TOKENIZED / "test.safetensors").exists():
         raise PipelineError("pseudo.folds: pseudo-labels need test rows, and there is no test file (fetch.test_file)")

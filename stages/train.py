@@ -41,8 +41,7 @@ def main():
     model = model_params()
     if not interactive():  # bars of weights loaded and written, downloads: one endless line in a log
         transformers.utils.logging.disable_progress_bar()
-    data = read_training_data()
-    data.check_fold(fold, "--fold")
+    data = read_training_data(fold, "--fold")
     trial = pruning.TrialLink.from_env()  # set by python -m tune: this run is a trial of a study
     if trial and trial.by == "fold" and os.environ.get("RANK", "0") == "0" and pruning.prune_at_fold(trial, fold):
         print(f"pruned: trial {trial.number} of study {trial.study!r} scored too low on the folds before "

@@ -52,18 +52,19 @@ class TrainingData:
         """The files it was read from, whose digest a checkpoint must match."""
         return [TOKENIZED / "train.safetensors", TOKENIZED / "settings.json", LABELS, SHAPE, folds.FOLDS_CSV]
 
-    def check_fold(self, fold, setting):
-        """A one-line error for a fold that data/split/folds.csv does not have (setting: where it came from)."""
-        if not 0 <= fold < self.fold_count:
-            raise PipelineError(f"{setting} {fold}: {folds.FOLDS_CSV} has folds 0 to {self.fold_count - 1} "
-                                "(cv.folds): rerun `dvc repro split`, or pick one of those")
 
-
-def read_training_data():
+def read_training_data(fold=None, setting="--fold"):
+    """The TrainingData; with a fold, first a one-line error when data/split/folds.csv does not have it
+    (setting: where the fold came from)."""
     def read(path):
         return json.loads(path.read_text(encoding="utf-8"))
 
-    return TrainingData(read(SHAPE), read(LABELS), read(TOKENIZED / "settings.json"), folds.read_folds())
+    row_folds = folds.read_folds()
+    count = folds.fold_count(row_folds)
+    if fold is not None and not 0 <= fold < count:
+        raise PipelineError(f"{setting} {fold}: {folds.FOLDS_CSV} has folds 0 to {count - 1} (cv.folds): "
+                            "rerun `dvc repro split`, or pick one of those")
+    return TrainingData(read(SHAPE), read(LABELS), read(TOKENIZED / "settings.json"), row_folds)
 
 
 @dataclasses.dataclass
@@ -124,6 +125,17 @@ def with_test_rows(rows, test_tensors, picked, targets, shape):
                 np.concatenate([rows.texts, new_texts]),
                 rows.targets + [target_of[t] for t in test_texts[test_rows].tolist()],
                 np.concatenate([rows.train, first + np.arange(len(test_rows))]), rows.val, rows.soft)
+
+
+def distillation_rows(tensors, texts_out, outputs, shape):
+    """The train file's Rows (tensors: data/tokenized/train.safetensors) for a distilled student: each row of a
+    text some teacher validated on (texts_out) learns that teacher's outputs, in soft_targets' form; it
+    validates on none."""
+    sequences = unpack_sequences(tensors)[0]
+    texts = text_of_row(tensors)
+    target_of = dict(zip(texts_out.tolist(), shape.soft_targets(outputs)))
+    return Rows(sequences, unpack_flat(tensors, "token_type_ids"), texts, [target_of.get(t) for t in texts.tolist()],
+                train=np.flatnonzero(np.isin(texts, texts_out)), val=np.array([], dtype=int), soft=shape.soft)
 
 
 def soft_rows(rows, shape, classes):

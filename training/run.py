@@ -148,10 +148,9 @@ class Watch:
     speed: dict | None = None  # fit() measures it, every process taking part
 
 
-def make_trainer(job, loaded, rows, params, machine, task_metric, main_process, say):
-    """The Trainer of this run and the callbacks write_outputs() reads, resuming a checkpoint of the same
-    settings (training/checkpoint.py)."""
-    shape, labels, model = job.data.shape, job.data.labels, loaded.model
+def start_or_resume(job, loaded, params, main_process, say):
+    """(the settings a checkpoint must match, the checkpoint to resume or None, dvclive's Live or None): a
+    checkpoint of the same settings is resumed (training/checkpoint.py), its curves replayed into the Live."""
     fingerprint = {**checkpoint.fingerprint(params, job.model_name, loaded.world_size, loaded.batch_size,
                                             loaded.accumulation, checkpoint.file_digest(job.inputs)),
                    # a checkpoint holds its optimizer's state
@@ -168,6 +167,13 @@ def make_trainer(job, loaded, rows, params, machine, task_metric, main_process, 
     if params["compile"]:
         say("train.compile: torch.compile; the first batch is slow while the model is compiled, one graph for "
             "every batch shape")
+    return fingerprint, resume, live
+
+
+def make_trainer(job, loaded, rows, params, machine, task_metric, main_process, say):
+    """The Trainer of this run, with its callbacks and techniques, and what write_outputs() reads back."""
+    shape, labels, model = job.data.shape, job.data.labels, loaded.model
+    fingerprint, resume, live = start_or_resume(job, loaded, params, main_process, say)
     val_set = loaded.val_set
     scores = ValidationScores(shape, loaded.scale, loaded.val_texts) if val_set else None  # windows: each text once
     callbacks = [LiveCallback(live=live)] if live else []
@@ -205,7 +211,7 @@ def make_trainer(job, loaded, rows, params, machine, task_metric, main_process, 
 def fit(trainer, watch, job, loaded, main_process, say):
     """Train (from the checkpoint to resume, if any) and evaluate the final model on the validation rows.
     A signal saves a checkpoint and exits with the signal's code; a pruned trial exits writing nothing."""
-    stop, reporter, state = watch.stop, watch.reporter, trainer.state
+    stop, reporter = watch.stop, watch.reporter
     # the attention in fp32 for the evaluations too, the one after training included, and back for saving
     with stop, in_fp32(loaded.model, loaded.fp32_attention):
         try:

@@ -31,9 +31,6 @@ SECTION_SPECS = {"preprocess": "stages.preprocess:PREPROCESS_PARAMS", "model": "
 # not searchable: what the data is (fetch), what the score means (cv.folds), the study itself
 NOT_SEARCHED = {"fetch": "it changes the data", "cv": "it changes what the score means",
                 "task": "it changes what the score means", "tune": "it is the study"}
-# the validation scores the train stage computes at each evaluation (pruning reports one of them), per
-# task shape (tasks/shapes.py)
-EVALUATED = SHAPES["classification"].evaluated
 
 
 @dataclass(frozen=True)
