@@ -29,7 +29,7 @@ from pipeline.settings import PipelineError
 from predicting.folds import DECIMALS
 from predicting.inference import fold_folders, fold_outputs, load_fold, read_run
 from reading.cleaning import as_steps, clean_test_frame
-from reading.csvfiles import read_csv
+from reading.csvfiles import read_csv, require_columns
 from reading.tokens import model_inputs, tokenize_rows, uses_types
 from reading.windows import Cutting
 from tasks.shapes import SHAPES
@@ -123,11 +123,7 @@ def main():
 
     raw = read_csv(args.file)
     needed = run["text_columns"] + run["pair_columns"] + ([id_column] if id_column else [])
-    missing = [c for c in needed if c not in raw.columns]
-    if missing:
-        raise PipelineError(f"{args.file}: missing column(s) {', '.join(map(repr, missing))}; found "
-                            f"{', '.join(map(repr, raw.columns))} (the model reads {', '.join(needed)}; --id-column "
-                            "names another id column)")
+    require_columns(raw, needed, args.file, f"the model reads {', '.join(needed)}; --id-column names another id column")
     if raw.empty:
         raise PipelineError(f"{args.file}: a header ({', '.join(map(repr, raw.columns))}) but no rows")
     # a run trained before preprocess.steps holds its cleaning switches: as_steps reads those too

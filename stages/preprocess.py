@@ -25,7 +25,7 @@ from pipeline.command import run_main
 from pipeline.outputs import atomic_dir, write_json
 from pipeline.settings import PARAMS_FILE, PipelineError, load_params
 from reading.cleaning import STEPS, check_steps, clean_frame, clean_test_frame
-from reading.csvfiles import column_names, read_csv, row_numbers, write_csv
+from reading.csvfiles import column_names, read_csv, require_columns, row_numbers, write_csv
 
 # the label readers' helpers, also reached as preprocess.<name>
 from tasks.labels import NUMBER_RE
@@ -40,6 +40,7 @@ SAMPLE_CSV = RAW / "sample_submission.csv"
 OUT = Path("data/processed")
 
 SHOWN = 5  # rows or ids a message lists before "and N more"
+COLUMNS_HINT = "set preprocess.text_column / label_column / id_column"  # when a raw file lacks a column
 # what each preprocess.* key accepts; load_params turns anything else into a one-line error (a list of
 # columns is checked further by column_names, the steps by check_steps)
 PREPROCESS_PARAMS = {"text_column": (str, list), "text_pair_column": (str, list, None), "label_column": (str, list),
@@ -63,14 +64,6 @@ def preprocess_params():
     return load_params("preprocess", PREPROCESS_PARAMS)
 
 
-
-
-def require_columns(df, columns, path):
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise PipelineError(
-            f"{path}: missing column(s) {', '.join(map(repr, missing))}; "
-            f"found {', '.join(map(repr, df.columns))} (set preprocess.text_column / label_column / id_column)")
 
 
 def require_rows(df, path):
@@ -142,7 +135,7 @@ def main():
 
     train_path, test_path = TRAIN_CSV, TEST_CSV
     raw = read_csv(train_path)
-    require_columns(raw, text_cols + pair_cols + label_cols, train_path)
+    require_columns(raw, text_cols + pair_cols + label_cols, train_path, COLUMNS_HINT)
     require_rows(raw, train_path)
     train = clean_frame(raw, text_cols, None, steps, pair_cols)
     dropped = raw.index.difference(train.index)
@@ -164,7 +157,7 @@ def main():
     test = None
     if test_path.exists():
         raw_test = read_csv(test_path)
-        require_columns(raw_test, text_cols + pair_cols + ([id_col] if id_col else []), test_path)
+        require_columns(raw_test, text_cols + pair_cols + ([id_col] if id_col else []), test_path, COLUMNS_HINT)
         require_rows(raw_test, test_path)
         if id_col:
             check_unique_ids(raw_test[id_col], id_col, test_path)

@@ -6,8 +6,7 @@ import yaml
 
 from pipeline.settings import PipelineError
 from reading.cleaning import STEPS, as_steps, clean_frame, clean_test_frame, clean_text
-from reading.csvfiles import read_csv, row_numbers, write_csv
-from stages.preprocess import require_columns
+from reading.csvfiles import read_csv, require_columns, row_numbers, write_csv
 from tasks.labels import check_known_labels, sort_labels, unify_numeric_labels
 
 ALL_STEPS = list(STEPS)
@@ -79,7 +78,10 @@ def test_text_with_carriage_return_round_trips(tmp_path):
 def test_missing_column_names_file_and_lists_found():
     df = pd.DataFrame({"body": ["x"], "sentiment": ["a"]})
     with pytest.raises(PipelineError, match=r"train.csv: missing column\(s\) 'text'; found 'body', 'sentiment'"):
-        require_columns(df, ["text", "sentiment"], "data/raw/train.csv")
+        require_columns(df, ["text", "sentiment"], "data/raw/train.csv", "set preprocess.text_column")
+    wide = pd.DataFrame(columns=[f"c{i}" for i in range(25)])
+    with pytest.raises(PipelineError, match=r"^t.csv: missing column\(s\) 'text'; found 'c0', .*, 'c19' and 5 more \(hint\)$"):
+        require_columns(wide, ["text"], "t.csv", "hint")
 
 
 def test_clean_frame_drops_texts_that_clean_to_nothing():
