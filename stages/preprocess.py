@@ -64,17 +64,9 @@ def preprocess_params():
     return load_params("preprocess", PREPROCESS_PARAMS)
 
 
-
-
 def require_rows(df, path):
     if df.empty:
         raise PipelineError(f"{path}: a header ({', '.join(map(repr, df.columns))}) but no rows")
-
-
-
-
-
-
 
 
 def check_unique_ids(ids, column, path):
@@ -85,8 +77,6 @@ def check_unique_ids(ids, column, path):
         more = f"; and {len(groups) - SHOWN} more" if len(groups) > SHOWN else ""
         raise PipelineError(f"{path}: {len(groups)} id(s) in {column!r} occur more than once: "
                             f"{listed}{more}; the submission needs one row per id")
-
-
 
 
 def order_by_sample(test, sample_ids, id_column, path, test_path):
