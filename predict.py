@@ -7,7 +7,7 @@ test file.
 
 A tool beside the stages, not one of them: it writes only --out (and --probabilities), never the
 pipeline's outputs or dvc.lock. Everything it applies comes from the trained run, not from params.yaml:
-each models/fold-K/pipeline.json (the text columns, the cleaning switches, max_length, the task shape,
+each models/fold-K/pipeline.json (the text columns, the cleaning steps, max_length, the task shape,
 the precision), data/processed/submission.json (the submission's columns and the id column, when this
 folder holds the run's data) and, for multi-label, the threshold evaluate chose
 (reports/evaluate/metrics.json). The rows go through each fold's model in length-sorted batches, in
@@ -28,8 +28,8 @@ from pipeline.command import run_main
 from pipeline.settings import PipelineError
 from predicting.folds import DECIMALS
 from predicting.inference import fold_folders, fold_outputs, load_fold, read_run
-from reading.cleaning import clean_test_frame
-from reading.csvfiles import read_csv
+from reading.cleaning import as_steps, clean_test_frame
+from reading.csvfiles import read_csv, require_columns
 from reading.tokens import model_inputs, tokenize_rows, uses_types
 from reading.windows import Cutting
 from tasks.shapes import SHAPES
@@ -123,14 +123,11 @@ def main():
 
     raw = read_csv(args.file)
     needed = run["text_columns"] + run["pair_columns"] + ([id_column] if id_column else [])
-    missing = [c for c in needed if c not in raw.columns]
-    if missing:
-        raise PipelineError(f"{args.file}: missing column(s) {', '.join(map(repr, missing))}; found "
-                            f"{', '.join(map(repr, raw.columns))} (the model reads {', '.join(needed)}; --id-column "
-                            "names another id column)")
+    require_columns(raw, needed, args.file, f"the model reads {', '.join(needed)}; --id-column names another id column")
     if raw.empty:
         raise PipelineError(f"{args.file}: a header ({', '.join(map(repr, raw.columns))}) but no rows")
-    rows = clean_test_frame(raw, run["text_columns"], id_column, run["cleaning"], run["pair_columns"])
+    # a run trained before preprocess.steps holds its cleaning switches: as_steps reads those too
+    rows = clean_test_frame(raw, run["text_columns"], id_column, as_steps(run["cleaning"]), run["pair_columns"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
     outputs, predicting = [], 0.0
     for k, (folder, fold_run) in enumerate(zip(folders, runs)):

@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, BertConfig, BertForSequenceClassification, set_seed
 
 from fetching.builtin import write_builtin
-from reading.cleaning import CLEANING_SWITCHES, clean_frame
+from reading.cleaning import clean_frame
 from reading.csvfiles import read_csv
 from reading.tokens import auto_max_length, model_limit, pack_sequences, tokenize_texts, unpack_sequences
 from training.data import TokenizedDataset
@@ -61,12 +61,11 @@ def load_average():
 
 def load_corpus(preprocess):
     """(train texts, train labels, test texts) of the embedded tweets, cleaned as preprocess cleans them."""
-    options = {k: preprocess[k] for k in CLEANING_SWITCHES}
     with tempfile.TemporaryDirectory() as folder:
         raw = Path(folder) / "raw"  # write_builtin makes the folder itself
         write_builtin(raw)
         frames = [clean_frame(read_csv(raw / f"{s}.csv"), preprocess["text_column"],
-                              preprocess["label_column"], options) for s in ("train", "test")]
+                              preprocess["label_column"], preprocess["steps"]) for s in ("train", "test")]
     train, test = frames
     names = sorted(set(train["label"]))
     return train["text"].tolist(), [names.index(x) for x in train["label"]], test["text"].tolist()

@@ -6,9 +6,9 @@ import hashlib
 import re
 
 from fetching.archives import list_files, pick
-from fetching.failures import advice, page_text, shorten
+from fetching.failures import advice, page_text
 from pipeline.settings import PipelineError
-from reading.csvfiles import read_csv
+from reading.csvfiles import read_csv, require_columns
 
 
 def sniff(head):
@@ -78,11 +78,7 @@ def check_csv(path, what, columns):
         raise PipelineError(f"{what}: not a CSV (it is a {kind} file); "
                             "fetch takes .csv files and .zip/.tar.gz/.tgz archives")
     df = read_csv(path, what)
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise PipelineError(f"{what}: no column {' or '.join(map(repr, missing))} (columns: "
-                            f"{shorten(', '.join(map(str, df.columns)), 120)}); set "
-                            "preprocess.text_column/preprocess.label_column to match the file")
+    require_columns(df, columns, what, "set preprocess.text_column/preprocess.label_column to match the file")
     if df.empty:
         raise PipelineError(f"{what}: has a header but no rows")
     return len(df)

@@ -14,6 +14,7 @@ HEAD_SIZE = 1 << 16  # the start of a file, where sniff_header looks for the hea
 # in a processed CSV, between the texts of several text columns (ASCII's unit separator); the tokenize
 # stage puts the tokenizer's separator token there
 COLUMN_JOIN = "\x1f"
+COLUMNS_SHOWN = 20  # a file's columns that require_columns lists before "and N more"
 
 
 def decode_csv_bytes(data, path):
@@ -77,6 +78,16 @@ def _byte_as_cp1252(byte):
         return bytes([byte]).decode("cp1252")
     except UnicodeDecodeError:
         return bytes([byte]).decode("latin-1")
+
+
+def require_columns(df, columns, name, hint):
+    """A one-line error unless df, read from the file `name`, has each of `columns`: the ones it lacks, the
+    ones it has, and `hint`, what the user can change."""
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        more = len(df.columns) - COLUMNS_SHOWN
+        found = ", ".join(map(repr, df.columns[:COLUMNS_SHOWN])) + (f" and {more} more" if more > 0 else "")
+        raise PipelineError(f"{name}: missing column(s) {', '.join(map(repr, missing))}; found {found} ({hint})")
 
 
 def column_names(value, key):

@@ -23,9 +23,9 @@ import pandas as pd
 
 from pipeline.command import run_main
 from pipeline.outputs import atomic_dir, write_json
-from pipeline.settings import PipelineError, load_params
-from reading.cleaning import CLEANING_SWITCHES, clean_frame, clean_test_frame
-from reading.csvfiles import column_names, read_csv, row_numbers, write_csv
+from pipeline.settings import PARAMS_FILE, PipelineError, load_params
+from reading.cleaning import STEPS, check_steps, clean_frame, clean_test_frame
+from reading.csvfiles import column_names, read_csv, require_columns, row_numbers, write_csv
 
 # the label readers' helpers, also reached as preprocess.<name>
 from tasks.labels import NUMBER_RE
@@ -40,32 +40,33 @@ SAMPLE_CSV = RAW / "sample_submission.csv"
 OUT = Path("data/processed")
 
 SHOWN = 5  # rows or ids a message lists before "and N more"
+COLUMNS_HINT = "set preprocess.text_column / label_column / id_column"  # when a raw file lacks a column
 # what each preprocess.* key accepts; load_params turns anything else into a one-line error (a list of
-# columns is checked further by column_names)
+# columns is checked further by column_names, the steps by check_steps)
 PREPROCESS_PARAMS = {"text_column": (str, list), "text_pair_column": (str, list, None), "label_column": (str, list),
-                     "id_column": (str, None), **{switch: (bool,) for switch in CLEANING_SWITCHES},
-                     "drop_duplicates": (bool,)}
+                     "id_column": (str, None), "steps": (list,), "drop_duplicates": (bool,)}
 
 
-
-
-def require_columns(df, columns, path):
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise PipelineError(
-            f"{path}: missing column(s) {', '.join(map(repr, missing))}; "
-            f"found {', '.join(map(repr, df.columns))} (set preprocess.text_column / label_column / id_column)")
+def preprocess_params():
+    """The preprocess section, checked. A cleaning switch left from before preprocess.steps (lowercase: true)
+    and a bad list of steps get messages that name the steps, ahead of load_params' own."""
+    section = load_params("preprocess")
+    switches = [key for key in section if key in STEPS]
+    if switches:
+        on = [key for key in STEPS if key in switches and section[key] is True]  # in the order they ran
+        them = "it" if len(switches) == 1 else "them"
+        raise PipelineError(f"{PARAMS_FILE}: preprocess.{', '.join(switches)} "
+                            f"{'is now a step' if len(switches) == 1 else 'are now steps'}: delete {them}"
+                            + (f" and list {', '.join(on)} in preprocess.steps" if on else
+                               "; preprocess.steps lists the steps to apply"))
+    if "steps" in section:
+        check_steps(section["steps"])
+    return load_params("preprocess", PREPROCESS_PARAMS)
 
 
 def require_rows(df, path):
     if df.empty:
         raise PipelineError(f"{path}: a header ({', '.join(map(repr, df.columns))}) but no rows")
-
-
-
-
-
-
 
 
 def check_unique_ids(ids, column, path):
@@ -76,8 +77,6 @@ def check_unique_ids(ids, column, path):
         more = f"; and {len(groups) - SHOWN} more" if len(groups) > SHOWN else ""
         raise PipelineError(f"{path}: {len(groups)} id(s) in {column!r} occur more than once: "
                             f"{listed}{more}; the submission needs one row per id")
-
-
 
 
 def order_by_sample(test, sample_ids, id_column, path, test_path):
@@ -110,7 +109,7 @@ def order_by_sample(test, sample_ids, id_column, path, test_path):
 
 
 def main():
-    params = load_params("preprocess", PREPROCESS_PARAMS)
+    params = preprocess_params()
     task = task_params()
     shape = SHAPES[task["kind"]]
     text_cols = column_names(params["text_column"], "text_column")
@@ -122,13 +121,13 @@ def main():
                             f"column per class: that is task.kind multilabel, not {shape.kind}")
     separator = task["label_separator"] if shape.kind == "multilabel" and separated else None
     id_col = params["id_column"]
-    options = {k: params[k] for k in CLEANING_SWITCHES}
+    steps = params["steps"]
 
     train_path, test_path = TRAIN_CSV, TEST_CSV
     raw = read_csv(train_path)
-    require_columns(raw, text_cols + pair_cols + label_cols, train_path)
+    require_columns(raw, text_cols + pair_cols + label_cols, train_path, COLUMNS_HINT)
     require_rows(raw, train_path)
-    train = clean_frame(raw, text_cols, None, options, pair_cols)
+    train = clean_frame(raw, text_cols, None, steps, pair_cols)
     dropped = raw.index.difference(train.index)
     print(f"{train_path}: {len(raw):,} rows, {len(dropped):,} dropped for empty text"
           + (f" ({row_numbers(dropped)})" if len(dropped) else ""))
@@ -148,11 +147,11 @@ def main():
     test = None
     if test_path.exists():
         raw_test = read_csv(test_path)
-        require_columns(raw_test, text_cols + pair_cols + ([id_col] if id_col else []), test_path)
+        require_columns(raw_test, text_cols + pair_cols + ([id_col] if id_col else []), test_path, COLUMNS_HINT)
         require_rows(raw_test, test_path)
         if id_col:
             check_unique_ids(raw_test[id_col], id_col, test_path)
-        test = clean_test_frame(raw_test, text_cols, id_col, options, pair_cols)
+        test = clean_test_frame(raw_test, text_cols, id_col, steps, pair_cols)
         test["label"] = shape.read_labels(raw_test, label_cols, separator, test_path, known=labels).to_numpy()
         empty = (test["text"] == "") & (test.get("text_pair", "") == "")
         print(f"test {len(test):,} rows ({empty.sum():,} with empty text), "
@@ -173,7 +172,7 @@ def main():
             write_csv(test, tmp / "test.csv")
         write_json(tmp / "labels.json", labels)
         write_json(tmp / "shape.json", {"kind": shape.kind, "text_columns": text_cols, "pair_columns": pair_cols,
-                                        "label_columns": label_cols, "label_separator": separator, "cleaning": options})
+                                        "label_columns": label_cols, "label_separator": separator, "cleaning": steps})
         write_json(tmp / "submission.json", {"id_column": id_col, "header": header,
                                              "probabilities": task["metric"] in ON_PROBABILITIES})
     return [OUT]

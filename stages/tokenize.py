@@ -52,24 +52,6 @@ TOKENIZE_PARAMS = {"max_length": (int, "auto", Range(2)),  # room for [CLS] and 
                    "truncation": TRUNCATIONS, "head_tokens": (int, Range(1)), "stride": (int, Range(0))}
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def encode_csv(tokenizer, path, label_list, shape=SHAPES["classification"], types=False):
     """(flat token ids, lengths, labels as the shape encodes them) of a processed CSV, read and tokenized
     CHUNK rows at a time: neither the file nor its texts are ever in memory at once."""
@@ -93,12 +75,6 @@ def texts_at(path, rows, tokenizer=None):
         found.append(frame[frame.index.isin(wanted)])
     frame = pd.concat(found).loc[rows]
     return model_inputs(frame, tokenizer) if tokenizer is not None else frame["text"].tolist()
-
-
-
-
-
-
 
 
 def cut_split(tokenizer, flat, lengths, labels, max_length, cutting, texts_at, path):

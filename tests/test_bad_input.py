@@ -173,7 +173,7 @@ def test_cp1252_bytes_are_decoded_and_located(work):
 
 
 def test_quoted_newlines_commas_and_quotes_round_trip(work):
-    set_params(work, normalize_whitespace=False, drop_duplicates=False)
+    set_params(work, steps=["unescape_html", "replace_urls", "replace_mentions"], drop_duplicates=False)
     tricky = ["line one\nline two", "a, b, and c", 'she said "hi"', "cr\ronly", " padded "]
     raw = pd.DataFrame({"text": tricky * 2, "sentiment": ["pos"] * 5 + ["neg"] * 5})
     # quoted as csv.writer does with QUOTE_ALL; unquoted, a bare "\r" ends a row in any reader
@@ -191,8 +191,26 @@ def test_misspelled_preprocess_key(work):
     write_raw(work, train=HEADER + GOOD_ROWS)
     fails_with(work, "params.yaml: unknown key preprocess.lowercse; preprocess takes text_column, text_pair_column, "
                      "label_column, "
-                     "id_column, lowercase, unescape_html, replace_urls, replace_mentions, normalize_whitespace, "
-                     "drop_duplicates")
+                     "id_column, steps, drop_duplicates")
+
+
+def test_a_cleaning_switch_from_before_steps_says_what_to_write(work):
+    set_params(work, lowercase=True)
+    write_raw(work, train=HEADER + GOOD_ROWS)
+    fails_with(work, "params.yaml: preprocess.lowercase is now a step: delete it and list lowercase in preprocess.steps")
+    # a whole preprocess section of then: every switch named at once, and the list they made
+    set_params(work, lowercase=False, unescape_html=True, replace_urls=True, replace_mentions=False,
+               normalize_whitespace=True)
+    fails_with(work, "params.yaml: preprocess.lowercase, unescape_html, replace_urls, replace_mentions, "
+                     "normalize_whitespace are now steps: delete them and list unescape_html, replace_urls, "
+                     "normalize_whitespace in preprocess.steps")
+    path = work / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    for switch in ("lowercase", "unescape_html", "replace_urls", "normalize_whitespace"):
+        del params["preprocess"][switch]
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    fails_with(work, "params.yaml: preprocess.replace_mentions is now a step: delete it; preprocess.steps lists "
+                     "the steps to apply")
 
 
 def test_mistyped_split_value(work):

@@ -158,7 +158,7 @@ def test_check_csv(tmp_path):
     f = tmp_path / "t.csv"
     f.write_bytes(b"\xef\xbb\xbftext,sentiment\nh\xe9llo,positive\n")  # BOM and latin-1 bytes
     assert fetch.check_csv(f, "t.csv", ["text", "sentiment"]) == 1
-    with pytest.raises(PipelineError, match=r"t.csv: no column 'label' \(columns: text, sentiment\)"):
+    with pytest.raises(PipelineError, match=r"t.csv: missing column\(s\) 'label'; found 'text', 'sentiment' \(set "):
         fetch.check_csv(f, "t.csv", ["text", "label"])
     for data, message in [(b"", "the file is empty"), (b"text,sentiment\n", "has a header but no rows"),
                           (b"<!doctype html><title>Oops</title>", "got an HTML page \\('Oops'\\)"),
@@ -310,8 +310,8 @@ def test_stage_builtin(tmp_path):
      "error: one.csv is a single CSV, so there is no test.csv: set fetch.test_file: null, "
      "or use a folder or archive holding both"),
     (lambda d: (d / "one.csv").write_bytes(b"body,label\nx,y\n"), {"source": "one.csv", "test_file": None},
-     "error: one.csv: no column 'text' or 'sentiment' (columns: body, label); "
-     "set preprocess.text_column/preprocess.label_column to match the file"),
+     "error: one.csv: missing column(s) 'text', 'sentiment'; found 'body', 'label' "
+     "(set preprocess.text_column/preprocess.label_column to match the file)"),
 ])
 def test_stage_failures_keep_old_data(tmp_path, setup, fetch_params, message):
     setup(tmp_path)

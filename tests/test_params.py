@@ -20,8 +20,7 @@ from pipeline.settings import PipelineError, check_kind, describe
 
 REPO = Path(__file__).resolve().parents[1]
 NOT_A_BOOL = "maybe"
-BOOLEANS = ["preprocess.lowercase", "preprocess.unescape_html", "preprocess.replace_urls",
-            "preprocess.replace_mentions", "preprocess.normalize_whitespace", "preprocess.drop_duplicates",
+BOOLEANS = ["preprocess.drop_duplicates",
             "model.trust_remote_code", "train.group_by_length", "train.mixed_precision", "train.tf32",
             "train.fused_adamw", "machine.pin_memory", "train.freeze_embeddings", "train.compile",
             "train.keep_best", "train.gradient_checkpointing", "train.adamw_8bit", "distill.test_rows"]
@@ -35,6 +34,7 @@ BAD_VALUES = {
     "preprocess.text_column": [5, [], ["a", "a"]], "preprocess.text_pair_column": [5, [], [1]],
     "preprocess.label_column": [["a"], 5],  # a list of 0/1 columns is multi-label, not classification
     "preprocess.id_column": [5],
+    "preprocess.steps": ["lowercase", None, ["shout"], ["lowercase", "lowercase"], [5], [["lowercase"]]],
     "model.name": [5],
     "tokenize.max_length": [1, 0, "longest"], "tokenize.length_percentile": [0, 101],
     "tokenize.truncation": ["middle", 5, None], "tokenize.head_tokens": [0, 1.5, "half"], "tokenize.stride": [-1, 0.5],
@@ -153,6 +153,9 @@ def test_the_error_says_what_is_allowed(tmp_path):
         "error: params.yaml: train.lr must be a number above 0 and at most 1, not 0\n")
     assert run_stage_with(tmp_path, "tokenize.max_length", "longest").stderr == (
         "error: params.yaml: tokenize.max_length must be a whole number at least 2 or 'auto', not 'longest'\n")
+    assert run_stage_with(tmp_path, "preprocess.steps", ["lowercase", "shout"]).stderr == (
+        "error: params.yaml: preprocess.steps must be a list of step names, each at most once, from unescape_html, "
+        "lowercase, replace_urls, replace_mentions, normalize_whitespace; not ['lowercase', 'shout']\n")
     assert run_stage_with(tmp_path, "train.batch_size", 7).stderr == (
         "error: params.yaml: train.batch_size 7 does not divide the 32 examples each process takes per "
         "optimizer step (train.effective_batch_size / train.num_processes): use auto or one of 1, 2, 4, 8, 16, 32\n")
@@ -265,8 +268,9 @@ def bracket_disagreements(key, text, kinds):
     if None in kinds and "null" not in text:
         wrong.append(f"[{text}] does not say null, which is allowed")
     items = [item.strip() for item in re.split(r",|;| or (?!more)", text)]
-    for item in items:
-        if re.fullmatch(r"[a-z][a-z0-9_]*", item) and not accepts(words.get(item, item), kinds):
+    for item in items:  # a list's brackets may name its items (preprocess.steps: test_the_steps_brackets_name_every_step)
+        named = words.get(item, item)
+        if re.fullmatch(r"[a-z][a-z0-9_]*", item) and not accepts(named, kinds) and not accepts([named], kinds):
             wrong.append(f"[{text}] names {item!r}, which is refused")
     numeric = [k for k in kinds if k in (int, float)]
     if not numeric or list in kinds:
@@ -285,6 +289,12 @@ def bracket_disagreements(key, text, kinds):
         if accepts(value, kinds) != allowed:
             wrong.append(f"[{text}] {'allows' if allowed else 'refuses'} {value!r}, the check {'refuses' if allowed else 'allows'} it")
     return wrong
+
+
+def test_the_steps_brackets_name_every_step():
+    from reading.cleaning import STEPS
+
+    assert brackets()["preprocess.steps"] == "a list of step names: " + ", ".join(STEPS)
 
 
 def test_every_key_says_in_brackets_what_its_check_allows():

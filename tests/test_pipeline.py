@@ -23,12 +23,13 @@ STAGES = {"fetch", "preprocess", "pretrain", "tokenize", "split", "baseline", "t
 # at 5e-3 half of the seeds stall on two classes, and shorter schedules (4-6 epochs) stalled for some.
 TINY_PARAMS = dict(preprocess__id_column="id", train__epochs=10, train__batch_size=16, train__effective_batch_size=16,
                    train__lr=2e-3, train__freeze_embeddings=False)
+DEFAULT_STEPS = ["unescape_html", "replace_urls", "replace_mentions", "normalize_whitespace"]  # params.yaml's
 # This module's pipeline, every setting a test here changes written out: each test starts from these
 # (settle), so that a test run alone (-k) checks what it checks in the whole module. fp32 everywhere, so
 # that compiled and eager training can be compared closely on any CPU (bf16 where a CPU has it).
 PIPELINE_PARAMS = dict(TINY_PARAMS, train__mixed_precision=False,
                        train__dropout=0.0, train__compile=False, tokenize__max_length="auto",
-                       split__val_size=0.1, preprocess__replace_mentions=True, tokenize__truncation="head",
+                       split__val_size=0.1, preprocess__steps=DEFAULT_STEPS, tokenize__truncation="head",
                        tokenize__head_tokens=128, tokenize__stride=32, train__evaluations="epoch",
                        train__keep_best=False, task__metric="auto", train__lora_rank=0, train__gradient_checkpointing=False)
 PROJECT_FILES = ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore", "predict.py")
@@ -210,7 +211,7 @@ def test_only_affected_stages_rerun(pipeline):
     assert repro(repo) == {"tokenize", "train@0", "predict_test", "evaluate"}
     set_params(repo, split__val_size=0.2)
     assert repro(repo) == {"split", "baseline", "train@0", "predict_test", "evaluate"}
-    set_params(repo, preprocess__replace_mentions=False)
+    set_params(repo, preprocess__steps=[s for s in DEFAULT_STEPS if s != "replace_mentions"])
     assert repro(repo) == STAGES - {"fetch"}
 
 

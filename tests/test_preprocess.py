@@ -1,28 +1,66 @@
+from pathlib import Path
+
 import pandas as pd
 import pytest
+import yaml
 
 from pipeline.settings import PipelineError
-from reading.cleaning import clean_frame, clean_text
-from reading.csvfiles import read_csv, row_numbers, write_csv
-from stages.preprocess import require_columns
+from reading.cleaning import STEPS, as_steps, clean_frame, clean_test_frame, clean_text
+from reading.csvfiles import read_csv, require_columns, row_numbers, write_csv
 from tasks.labels import check_known_labels, sort_labels, unify_numeric_labels
 
-ALL_ON = dict(lowercase=True, unescape_html=True, replace_urls=True, replace_mentions=True,
-              normalize_whitespace=True)
+ALL_STEPS = list(STEPS)
+# params.yaml's default steps
+DEFAULT = ["unescape_html", "replace_urls", "replace_mentions", "normalize_whitespace"]
 
 
-def test_clean_text_applies_each_switch():
+def test_clean_text_applies_each_step():
     raw = "  @Bob said &amp;amp; https://t.co/abc \n www.x.com  GREAT "
-    assert clean_text(raw, **ALL_ON) == "@user said & http http great"
-    assert clean_text(raw, lowercase=False, unescape_html=False, replace_urls=False,
-                      replace_mentions=False, normalize_whitespace=False) == raw
+    assert clean_text(raw, ALL_STEPS) == "@user said & http http great"
+    assert clean_text(raw, []) == raw
+    assert clean_text(raw, ["replace_mentions"]) == raw.replace("@Bob", "@user")
+    assert clean_text(raw, ["lowercase", "normalize_whitespace"]) == "@bob said &amp;amp; https://t.co/abc www.x.com great"
+
+
+# Tweets with entities, URLs, mentions and odd whitespace, and what the cleaning of the default params.yaml
+# gave for them before preprocess.steps (its switches lowercase false, the four others true): the default
+# list must give the same texts.
+TWEETS = {
+    "@united thanks &amp;amp; see you at http://t.co/x1Y2 ! ": "@user thanks & see you at http !",
+    "RT @Jo_Ann: &lt;3 this\n\nwww.Example.com/a?b=1&amp;c=2   #love": "RT @user: <3 this http #love",
+    "\u00a0&quot;Delayed&quot;\tagain\u2026 @AmericanAir @ 5pm": '"Delayed" again\u2026 @user @ 5pm',
+    "mail bob@example.com&#44; or&#10;call @bob_2 &AMP; &#64;alice": "mail bob@example.com, or call @user & @user",
+    "HTTPS://T.CO/ABC&gt;@x": "http",
+    "@Bob  SAID &AMP;AELIG; www.x.com": "@user SAID &AELIG; http",  # lowercase off: no entity made
+}
+
+
+@pytest.mark.parametrize("raw", TWEETS)
+def test_the_default_steps_clean_as_the_default_switches_did(raw):
+    assert clean_text(raw, DEFAULT) == TWEETS[raw]
+
+
+def test_params_yaml_holds_the_default_steps():
+    params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    assert params["preprocess"]["steps"] == DEFAULT
+
+
+def test_a_run_trained_before_steps_cleans_with_its_switches():
+    # pipeline.json's "cleaning" of such a run: its switches, lowercase on
+    old = {"lowercase": True, "unescape_html": True, "replace_urls": True, "replace_mentions": False,
+           "normalize_whitespace": True}
+    assert as_steps(old) == ["unescape_html", "lowercase", "replace_urls", "normalize_whitespace"]
+    assert as_steps(DEFAULT) == DEFAULT
+    raw = pd.DataFrame({"text": ["@Bob  SAID &AMP;AELIG; www.x.com", ""]})
+    cleaned = clean_test_frame(raw, "text", None, as_steps(old))
+    assert cleaned["text"].tolist() == ["@bob said \u00e6 http", ""]
 
 
 def test_clean_text_keeps_emails_and_is_idempotent():
     text = "mail me at bob@example.com &lt;3"
-    once = clean_text(text, **ALL_ON)
+    once = clean_text(text, ALL_STEPS)
     assert once == "mail me at bob@example.com <3"
-    assert clean_text(once, **ALL_ON) == once
+    assert clean_text(once, ALL_STEPS) == once
 
 
 def test_labels_like_na_survive_reading(tmp_path):
@@ -40,12 +78,15 @@ def test_text_with_carriage_return_round_trips(tmp_path):
 def test_missing_column_names_file_and_lists_found():
     df = pd.DataFrame({"body": ["x"], "sentiment": ["a"]})
     with pytest.raises(PipelineError, match=r"train.csv: missing column\(s\) 'text'; found 'body', 'sentiment'"):
-        require_columns(df, ["text", "sentiment"], "data/raw/train.csv")
+        require_columns(df, ["text", "sentiment"], "data/raw/train.csv", "set preprocess.text_column")
+    wide = pd.DataFrame(columns=[f"c{i}" for i in range(25)])
+    with pytest.raises(PipelineError, match=r"^t.csv: missing column\(s\) 'text'; found 'c0', .*, 'c19' and 5 more \(hint\)$"):
+        require_columns(wide, ["text"], "t.csv", "hint")
 
 
 def test_clean_frame_drops_texts_that_clean_to_nothing():
     df = pd.DataFrame({"t": ["ok", "   ", "&amp;"], "y": ["a", "b", "c"]})
-    out = clean_frame(df, "t", "y", ALL_ON)
+    out = clean_frame(df, "t", "y", ALL_STEPS)
     assert out["text"].tolist() == ["ok", "&"]
 
 
@@ -64,8 +105,9 @@ def test_unseen_test_label_is_an_error():
 
 def test_lowercasing_never_leaves_an_entity_for_a_second_cleaning():
     # "&AElig" is an entity, "&AELIG" is not, but lowercasing it gives "&aelig", which is
-    assert clean_text("&AELIG", lowercase=True) == "\u00e6"
-    assert clean_text("&amp;Hellip;", lowercase=True) == "\u2026"
+    assert clean_text("&AELIG", ["unescape_html", "lowercase"]) == "\u00e6"
+    assert clean_text("&amp;Hellip;", ["unescape_html", "lowercase"]) == "\u2026"
+    assert clean_text("&AELIG", ["lowercase", "unescape_html"]) == "\u00e6"
 
 
 @pytest.mark.parametrize("labels, expected", [
