@@ -45,6 +45,7 @@ from bench.common import (
     load_corpus,
     minilm_model,
     recipe,
+    tokenize_texts,
 )
 from bench.flops import matmul_peak, non_embedding_parameters, report_flops
 from bench.noop_repro import report_dvc, require_reproduced
@@ -64,7 +65,7 @@ from bench.training import (  # noqa: F401
     times_bf16,
 )
 from pipeline.settings import load_params
-from reading.tokens import auto_max_length, model_limit, tokenize_texts
+from reading.tokens import auto_max_length, model_limit
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from training.settings import TRAIN_PARAMS

@@ -68,11 +68,11 @@ from bench.common import (
     minilm_model,
     recipe,
     stage_max_length,
+    tokenize_texts,
 )
 from bench.training import COMPILE_WARMUP, run_steps, side_by_side
 from pipeline.settings import load_params
 from modeling.models import make_collator
-from reading.tokens import tokenize_texts
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from training.settings import TRAIN_PARAMS

@@ -11,7 +11,7 @@ from transformers import AutoConfig, BertConfig, BertForSequenceClassification, 
 from fetching.builtin import write_builtin
 from reading.cleaning import CLEANING_SWITCHES, clean_frame
 from reading.csvfiles import read_csv
-from reading.tokens import auto_max_length, model_limit, pack_sequences, tokenize_texts, unpack_sequences
+from reading.tokens import auto_max_length, model_limit, pack_sequences, tokenize_rows, unpack_sequences
 from training.data import TokenizedDataset
 from modeling.models import load_model, resolve_model, set_dropout
 from training.speed import Throughput
@@ -70,6 +70,14 @@ def load_corpus(preprocess):
     train, test = frames
     names = sorted(set(train["label"]))
     return train["text"].tolist(), [names.index(x) for x in train["label"]], test["text"].tolist()
+
+
+def tokenize_texts(tokenizer, texts, max_length, pairs=None, types=False):
+    """(token id lists cut to max_length, full lengths) of a list of texts (and of their second texts:
+    pairs), as the tokenize stage makes them by default (the head kept); with types, (token id lists, segment
+    id lists, full lengths)."""
+    ids, token_types, _, full = tokenize_rows(tokenizer, texts, max_length, pairs, types)
+    return (ids, token_types, full) if types else (ids, full)
 
 
 def stage_max_length(tokenizer, source, train_texts, tokenize):

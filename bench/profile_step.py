@@ -54,10 +54,10 @@ from bench.common import (
     recipe,
     stage_max_length,
     sync,
+    tokenize_texts,
 )
 from pipeline.settings import load_params
 from modeling.models import make_collator
-from reading.tokens import tokenize_texts
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from training.settings import TRAIN_PARAMS

@@ -26,10 +26,9 @@ from sklearn.model_selection import train_test_split
 from transformers import set_seed
 from transformers.trainer_callback import PrinterCallback
 
-from bench.common import NO_CHECKPOINTS, load_average, load_corpus
+from bench.common import NO_CHECKPOINTS, load_average, load_corpus, tokenize_texts
 from pipeline.settings import load_params
 from modeling.models import make_collator
-from reading.tokens import tokenize_texts
 from training.settings import TRAIN_PARAMS
 from tasks.shapes import SHAPES
 from training import techniques
