@@ -75,7 +75,7 @@ def run(settings, base, seed, tokenizer_source, data, classes):
     val_set = TokenizedDataset.rows(sequences, labels, val_rows)
     with tempfile.TemporaryDirectory() as folder:
         args = training_arguments(params, NO_CHECKPOINTS, folder, "cpu", params["effective_batch_size"], 1)
-        extra, callbacks = techniques.plug_in(params, model, args, "classification", classes,
+        extra, callbacks = techniques.plug_in(params, model, args, shape, classes,
                                               [labels[i] for i in train_rows], say=lambda *a: None)
         throughput, scores = Throughput(), ValidationScores(shape)
         trainer = CountingTrainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set,
