@@ -212,8 +212,8 @@ def precision_line(fp32, mixed, steps, precision, goals):
     hundredth of fp32's speed, and the defaults are as fast as fp32: 1.0x, the goal on such a CPU."""
     goal = f"goal >= {goals['bf16']}x on {goals['why']}"
     if precision is None:
-        return (f"4. bf16 vs fp32 training: not timed: this CPU has no bf16 instructions (AMX or AVX512-BF16), so "
-                f"the defaults train in fp32, 1.0x ({goal}: {verdict(1.0, goals['bf16'])})")
+        return (f"4. bf16 vs fp32 training: not timed: torch's CPU kernels here have no bf16 instructions (AMX or "
+                f"AVX512-BF16), so the defaults train in fp32, 1.0x ({goal}: {verdict(1.0, goals['bf16'])})")
     ratio = mixed["tokens_per_s"] / fp32["tokens_per_s"]
     return (f"4. training in {precision}, as the defaults train here, vs fp32, the defaults otherwise: "
             f"{mixed['tokens_per_s']:.0f} vs {fp32['tokens_per_s']:.0f} real tokens/s over {steps} steps each: "
