@@ -14,8 +14,9 @@ the same run, so a busy machine slows both sides alike (the load average is prin
    defaults vs padding to 128 in fp32 with random batches, the model's dropout and every weight
    trained; and, where train.dropout or train.freeze_embeddings change the model, the defaults vs
    the same with the model as it comes;
-4. training throughput of the defaults in bf16 autocast vs the same in fp32 ("not supported"
-   where the CPU has no native bf16);
+4. training throughput of the defaults in the mixed precision the train stage trains in here (bf16 on
+   a GPU, and on a CPU with bf16 instructions with the attention in fp32) vs the same in fp32 (not
+   timed where the CPU has no bf16 instructions: the defaults train in fp32 there);
 5. useful training FLOP/s (6 x non-embedding parameters x real tokens/s) as a share of this
    machine's matmul peak in the precision the defaults train in (bf16 where the hardware has it),
    measured with large square matmuls in short bursts between the defaults' training steps;
@@ -45,32 +46,30 @@ from bench.common import (
     load_corpus,
     minilm_model,
     recipe,
+    tokenize_texts,
 )
 from bench.flops import matmul_peak, non_embedding_parameters, report_flops
 from bench.noop_repro import report_dvc, require_reproduced
 from bench.tokenization import report_tokenization, report_tokenize_memory
 from bench.tokenize_memory import tokenize_memory
-from bench.training import (  # noqa: F401
+from bench.training import (
     bench_compile,
     bench_precision,
     bench_recipe,
     bench_training,
+    precision_line,
     report_compile,
-    report_precision,
     report_recipe,
     report_training,
-    report_unpadded,
-    time_training_steps,
-    times_bf16,
 )
 from pipeline.settings import load_params
-from reading.tokens import auto_max_length, model_limit, tokenize_texts
+from reading.tokens import auto_max_length, model_limit
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from training.settings import TRAIN_PARAMS
-from training import allocator
+from training.speed import running_allocator
 from modeling.models import resolve_model
-from modeling.precision import autocast_dtype, cpu_bf16_speedup, cpu_has_bf16, cpu_isa
+from modeling.precision import autocast_dtype, cpu_isa, describe
 
 
 def _yes(flag):
@@ -95,7 +94,7 @@ def parse_args():
                         help="add row 7: train.compile vs eager, side by side, with the embedded MiniLM at "
                              "params.yaml's train settings (a minute or more of compiling on a CPU)")
     parser.add_argument("--training-only", action="store_true",
-                        help="the training rows only (3, 4, 5, the GPU's padding-free rows, and 7 with --compile): "
+                        help="the training rows only (3, 4, 5, and 7 with --compile): "
                              "rows 1, 2 and 6 measure the CPU and dvc, and took 70 s of a lent H200's time")
     parser.add_argument("--effective-batch-size", type=int,
                         help="overrides train.effective_batch_size (GPU default 1024: at 32 a big GPU idles)")
@@ -128,7 +127,7 @@ def main():
     goals = hardware_goals(device, isa)
     print(f"benchmark on {where} ({os.cpu_count()} cores, {isa}: torch's CPU kernels use "
           f"{torch.backends.cpu.get_cpu_capability()}, AMX {_yes(torch.cpu._is_amx_tile_supported())}, "
-          f"AVX512-BF16 {_yes(torch.cpu._is_avx512_bf16_supported())}; memory allocator {allocator.running()}; "
+          f"AVX512-BF16 {_yes(torch.cpu._is_avx512_bf16_supported())}; memory allocator {running_allocator()}; "
           f"load average {load_average()}); "
           f"torch {torch.__version__}; rows 4 and 5 hold the goals of {goals['why']}")
 
@@ -159,20 +158,15 @@ def main():
     if recipe(params) != AS_LOADED:
         report_recipe(*bench_recipe(make_model, tokenizer, sequences, labels, params, device, opts.steps, warmup),
                       opts.steps, params)
-    has_bf16 = opts.gpu or cpu_has_bf16()
-    matmul_speedup = cpu_bf16_speedup() if has_bf16 and not opts.gpu else None
-    if times_bf16(device, has_bf16, matmul_speedup):
-        report_precision(*bench_precision(make_model, tokenizer, sequences, labels, params, device, opts.steps,
-                                          warmup), opts.steps, device, goals)
-    else:
-        report_precision(None, None, opts.steps, device, goals, has_bf16)
+    trained_in = describe(True, device) if autocast_dtype(True, device) else None  # None: fp32, bf16 not timed
+    fp32, mixed = (bench_precision(make_model, tokenizer, sequences, labels, params, device, opts.steps, warmup)
+                   if trained_in else (None, None))
+    print(precision_line(fp32, mixed, opts.steps, trained_in, goals))
     if opts.gpu:
         print(f"   train.batch_size {params['batch_size']} chose {run['batch']} per step for an effective "
               f"batch of {params['effective_batch_size']}, probed at {run['seq_len']} tokens; peak GPU memory "
               f"{run['peak_gpu_gb']:.1f} GiB ({run['peak_gpu_fraction']:.0%} of the GPU)")
     report_flops(non_embedding_parameters(make_model()), ours, baseline, run["peaks"], precision, goals)
-    if opts.gpu:
-        report_unpadded(make_model, tokenizer, sequences, labels, run["batch"], dtype, params)
     if not opts.training_only:
         report_dvc(opts.repo, tokenizer)
     if opts.compile:

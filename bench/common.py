@@ -1,19 +1,28 @@
-"""What the benchmark's rows share: the goals, the baseline recipe, the corpus and models they train,
-the TokenizedDataset a row trains on, and waiting for the GPU."""
+"""What the bench tools share: the goals, the baseline recipe, the corpus and models they train, the
+TokenizedDataset a row trains on, the options and inputs of the tools that train the stage's model, and
+waiting for the GPU."""
+import dataclasses
+import functools
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, BertConfig, BertForSequenceClassification, set_seed
+from transformers import AutoConfig, AutoTokenizer, BertConfig, BertForSequenceClassification, set_seed
+from transformers import logging as hf_logging
 
 from fetching.builtin import write_builtin
 from reading.cleaning import clean_frame
 from reading.csvfiles import read_csv
-from reading.tokens import auto_max_length, model_limit, pack_sequences, tokenize_texts, unpack_sequences
+from reading.tokens import auto_max_length, model_limit, pack_sequences, tokenize_rows, unpack_sequences
 from training.data import TokenizedDataset
 from modeling.models import load_model, resolve_model, set_dropout
+from pipeline.settings import load_params
+from stages.preprocess import PREPROCESS_PARAMS
+from stages.tokenize import TOKENIZE_PARAMS
+from training.settings import TRAIN_PARAMS
 from training.speed import Throughput
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,6 +80,14 @@ def load_corpus(preprocess):
     return train["text"].tolist(), [names.index(x) for x in train["label"]], test["text"].tolist()
 
 
+def tokenize_texts(tokenizer, texts, max_length, pairs=None, types=False):
+    """(token id lists cut to max_length, full lengths) of a list of texts (and of their second texts:
+    pairs), as the tokenize stage makes them by default (the head kept); with types, (token id lists, segment
+    id lists, full lengths)."""
+    ids, token_types, _, full = tokenize_rows(tokenizer, texts, max_length, pairs, types)
+    return (ids, token_types, full) if types else (ids, full)
+
+
 def stage_max_length(tokenizer, source, train_texts, tokenize):
     """The max_length the tokenize stage sets with the tokenize section `tokenize`: its number, or with auto
     the one it derives from the train texts' lengths and the model's limit (source: the model's folder)."""
@@ -123,3 +140,47 @@ def gpu_model(vocab_size, dropout="model", freeze_embeddings=False):
     model = BertForSequenceClassification(config)
     model.get_input_embeddings().weight.requires_grad_(not freeze_embeddings)
     return model
+
+
+def model_options(parser):
+    """The options of the tools that train the embedded tweets as the train stage does (stage_inputs)."""
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--gpu", action="store_true", help="on one GPU")
+    parser.add_argument("--model", choices=["minilm", "bert-base"], default="minilm",
+                        help="the embedded MiniLM, or a randomly initialised bert-base-sized model")
+    parser.add_argument("--effective-batch-size", type=int, help="overrides train.effective_batch_size")
+
+
+@dataclasses.dataclass
+class StageInputs:
+    """What the train stage would train here: the device, the train section, the tokenizer, a function that
+    makes the model (make_model(**recipe(params))), the embedded tweets' token ids cut at the tokenize
+    stage's max_length, and their labels."""
+    device: str
+    params: dict
+    tokenizer: object
+    make_model: object
+    sequences: list
+    labels: list
+    max_length: int
+
+
+def stage_inputs(opts):
+    """StageInputs from params.yaml (read in the repository root) and model_options' options; exits where
+    --gpu finds no GPU."""
+    if opts.gpu and not torch.cuda.is_available():
+        sys.exit("--gpu: no CUDA GPU visible to torch")
+    hf_logging.disable_progress_bar()  # a bar per model loaded would bury the lines
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    os.chdir(REPO)
+    params = load_params("train", TRAIN_PARAMS)
+    if opts.effective_batch_size:
+        params["effective_batch_size"] = opts.effective_batch_size
+    source = resolve_model("minilm")
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    make_model = functools.partial(gpu_model, len(tokenizer)) if opts.model == "bert-base" else minilm_model
+    texts, labels, _ = load_corpus(load_params("preprocess", PREPROCESS_PARAMS))
+    max_length = stage_max_length(tokenizer, source, texts, load_params("tokenize", TOKENIZE_PARAMS))
+    return StageInputs("cuda" if opts.gpu else "cpu", params, tokenizer, make_model,
+                       tokenize_texts(tokenizer, texts, max_length)[0], labels, max_length)

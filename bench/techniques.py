@@ -26,10 +26,9 @@ from sklearn.model_selection import train_test_split
 from transformers import set_seed
 from transformers.trainer_callback import PrinterCallback
 
-from bench.common import NO_CHECKPOINTS, load_average, load_corpus
+from bench.common import NO_CHECKPOINTS, load_average, load_corpus, tokenize_texts
 from pipeline.settings import load_params
 from modeling.models import make_collator
-from reading.tokens import tokenize_texts
 from training.settings import TRAIN_PARAMS
 from tasks.shapes import SHAPES
 from training import techniques
@@ -76,7 +75,7 @@ def run(settings, base, seed, tokenizer_source, data, classes):
     val_set = TokenizedDataset.rows(sequences, labels, val_rows)
     with tempfile.TemporaryDirectory() as folder:
         args = training_arguments(params, NO_CHECKPOINTS, folder, "cpu", params["effective_batch_size"], 1)
-        extra, callbacks = techniques.plug_in(params, model, args, "classification", classes,
+        extra, callbacks = techniques.plug_in(params, model, args, shape, classes,
                                               [labels[i] for i in train_rows], say=lambda *a: None)
         throughput, scores = Throughput(), ValidationScores(shape)
         trainer = CountingTrainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set,

@@ -2,8 +2,7 @@
 memory on the embedded corpus copied 10 times against on the corpus (bench/tokenize_memory.py)."""
 import time
 
-from bench.common import BASELINE_MAX_LENGTH, GOALS, verdict
-from reading.tokens import tokenize_texts
+from bench.common import BASELINE_MAX_LENGTH, GOALS, tokenize_texts, verdict
 
 
 def per_row_seconds(tokenizer, texts):

@@ -197,14 +197,6 @@ def tokenize_rows(tokenizer, texts, max_length, pairs=None, types=False, cutting
     return rows[0], (rows[1] if types else None), owners.tolist(), full.tolist()
 
 
-def tokenize_texts(tokenizer, texts, max_length, pairs=None, types=False):
-    """(token id lists cut to max_length, full lengths) of a list of texts (and of their second texts:
-    pairs), as the stage makes them by default (the head kept); with types, (token id lists, segment id
-    lists, full lengths)."""
-    ids, token_types, _, full = tokenize_rows(tokenizer, texts, max_length, pairs, types)
-    return (ids, token_types, full) if types else (ids, full)
-
-
 def packed(flat, lengths, labels):
     """The tensors of a tokenized split, as common.pack_sequences makes them from lists: flat (tokens,)
     token ids, or (2, tokens) token ids and segment ids."""

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Issue 28's CPU measurements in one run, for a session on a CPU not measured yet (AMX above all),
-# each step under its own timeout, so that a hung step leaves the others their time. From the project
-# root, in the project's venv (`pip install -r requirements-dev.txt`), on a quiet machine:
+# The CPU measurements in one run, for a CPU not measured yet, each step under its own timeout, so that
+# a hung step leaves the others their time. From the project root, in the project's venv
+# (`pip install -r requirements-dev.txt`), on a quiet machine:
 #   bash scripts/cpu-speed.sh [STEP ...]      # default: every step, in this order (about 20 minutes
 #                                              # on a 2-core Zen 4 EPYC)
 # Steps (the most wanted first):
-#   machine      the CPU (lscpu), the ISA torch's kernels detect (modeling.precision.cpu_isa), load average
+#   machine      the CPU (lscpu), the ISA torch's kernels detect and the precision the stage trains in there
+#                (modeling.precision), load average
 #   benchmark    python -m bench.benchmark --compile: rows 4 and 5 hold the goals of this ISA, row 7 compile
 #   profile      bench.profile_step: where a default step's time goes, fp32, bf16, bf16 with fp32 attention
 #   candidates   bench.candidates: each candidate change against the defaults, side by side
-#   first-token  bench.first_token: predicting with the last layer's first token only vs the full layer
 #   repro        the default `dvc repro` in a fresh clone of this repository's HEAD, each line timestamped
 #                (seconds since the start), so each stage's time and train@0's start-up can be read off
 # Logs go to CPU_SPEED_OUT, else a new folder under /tmp (its path printed); steps.log says how each ended.
@@ -27,8 +27,9 @@ step() {  # step NAME SECONDS COMMAND...: COMMAND's output to $out/NAME.log, wit
 
 machine() {
   lscpu | grep -E 'Model name|^CPU\(s\)|Flags' | sed 's/^Flags:.*/flags (bf16, AMX): '"$(grep -o 'amx[a-z_0-9]*\|avx512_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"'/'
-  python -c 'import torch; from modeling.precision import cpu_isa, cpu_bf16_speedup
-print(f"torch {torch.__version__}, ISA {cpu_isa()}, {torch.get_num_threads()} threads, bf16 matmuls {cpu_bf16_speedup():.2f}x fp32")'
+  python -c 'import torch; from modeling.precision import cpu_isa, describe
+trained = describe(True, "cpu")  # the precision the train stage picks here, with train.mixed_precision true
+print(f"torch {torch.__version__}, ISA {cpu_isa()}, {torch.get_num_threads()} threads; the stage trains in {trained}")'
   echo "load average: $(cat /proc/loadavg)"
 }
 
@@ -64,12 +65,11 @@ run_step() {
     benchmark) step benchmark 1200 python -m bench.benchmark --compile ;;
     profile) step profile 600 python -m bench.profile_step --warmup 20 --steps 20 --top 12 ;;
     candidates) step candidates 1800 python -m bench.candidates --steps 24 ;;
-    first-token) step first-token 300 python -m bench.first_token ;;
     repro) step repro 900 bash "$script" _repro ;;
-    *) echo "unknown step $1 (machine, benchmark, profile, candidates, first-token, repro)" >&2; exit 2 ;;
+    *) echo "unknown step $1 (machine, benchmark, profile, candidates, repro)" >&2; exit 2 ;;
   esac
 }
 
-for name in "${@:-machine benchmark profile candidates first-token repro}"; do
+for name in "${@:-machine benchmark profile candidates repro}"; do
   for one in $name; do run_step "$one"; done
 done

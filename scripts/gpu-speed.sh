@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
-# Issue 28's GPU measurements in one prepared run on a lent GPU machine, each step under its own
-# timeout and all under one deadline, so that a hung step leaves the others their time and the logs
-# come back. Prepare here with `bash ../shared/gpu/prepare.sh` (fills .gpu/), then on the machine,
-# from the project root, with .gpu carried along:
+# The GPU measurements in one prepared run on a lent GPU machine, each step under its own timeout and
+# all under one deadline, so that a hung step leaves the others their time and the logs come back.
+# Prepare here with `bash ../shared/gpu/prepare.sh` (fills .gpu/), then on the machine, from the project
+# root, with .gpu carried along:
 #   bash scripts/gpu-speed.sh [STEP ...]      # default: every step, in this order
-# Steps (the most wanted first), with the seconds each took on the H200 on 2026-12-04 where it ran then, and
-# on an H100 on 2026-12-05 (all six in 472 s; bench/README.md):
+# Steps (the most wanted first), with the seconds each took on an H200 and on an H100 (bench/README.md):
 #   candidates      bench.candidates --gpu: SDPA without cuDNN's kernel, fp32 (TF32), torch.compile, CUDA
-#                   graphs, padding-free batches, each against the defaults side by side (MiniLM, the
-#                   default batch), after one untimed run of the defaults (about 150 s; the H100 98 s)
+#                   graphs, each against the defaults side by side (MiniLM, the default batch), after one
+#                   untimed run of the defaults (about 150 s with padding-free batches too; the H100 98 s)
 #   candidates-base the same for a bert-base-sized model at an effective batch of 256 (about 150 s; 139 s)
 #   profile-minilm  bench.profile_step --gpu: where a default MiniLM step's time goes, fp32 and bf16, after
 #                   150 untimed steps: the first steps of each batch shape are slower (38 s with 5; 23 s)
 #   profile-base    the same for the bert-base-sized model at an effective batch of 256 (43 s with 5; 37 s)
 #   repro           the default `dvc repro` (113 s; 58 s; its log holds the train stage's choices and speed)
-#   benchmark       python -m bench.benchmark --gpu --training-only --compile: rows 3-5, the padding-free
-#                   rows and row 7, compile's cost (rows 3-5 and padding-free took about 205 s; all 107 s); a
-#                   second call, as `bash scripts/gpu-speed.sh benchmark`, where the first one's deadline cut it
+#   benchmark       python -m bench.benchmark --gpu --training-only --compile: rows 3-5 and row 7, compile's
+#                   cost (all 107 s on the H100, padding-free rows included); a second call, as
+#                   `bash scripts/gpu-speed.sh benchmark`, where the first one's deadline cut it
 # Logs go to $OUT (the device tool's folder), else a new folder under /tmp (its path printed); the deadline is
 # GPU_SPEED_SECONDS (default 570: under the device tool's 600 s per command).
 set -uo pipefail
@@ -45,9 +44,9 @@ step() {  # step NAME SECONDS COMMAND...: COMMAND's output to $out/NAME.log, wit
 run_step() {
   case $1 in
     candidates) step candidates 170 python -m bench.candidates --gpu --steps 40 \
-                  --only no_cudnn_attention fp32 compile cuda_graphs unpadded ;;
+                  --only no_cudnn_attention fp32 compile cuda_graphs ;;
     candidates-base) step candidates-base 170 python -m bench.candidates --gpu --steps 40 --model bert-base \
-                       --effective-batch-size 256 --only no_cudnn_attention unpadded fp32 compile ;;
+                       --effective-batch-size 256 --only no_cudnn_attention fp32 compile ;;
     profile-minilm) step profile-minilm 70 python -m bench.profile_step --gpu --steps 10 --top 12 ;;
     profile-base) step profile-base 80 python -m bench.profile_step --gpu --model bert-base \
                     --effective-batch-size 256 --steps 10 --top 12 ;;

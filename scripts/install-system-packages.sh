@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The system packages the tests use, on Debian or Ubuntu: Chromium (the plots test renders
 # `dvc plots show` in it) with fonts for the chart labels, PostgreSQL (the tuning tests share a
-# study through a server they start), tcmalloc (a test runs a process under it: training/allocator.py),
-# and python3-venv where Debian leaves it out. Everything else, the SSH and S3 test servers included, comes from PyPI
+# study through a server they start), tcmalloc (tests/test_students.py runs the pipeline under it, LD_PRELOAD
+# through dvc), and python3-venv where Debian leaves it out. Everything else, the SSH and S3 test servers included, comes from PyPI
 # (requirements-dev.txt). Installs only what is missing, as root or through sudo; a second run
 # installs nothing. scripts/test.sh runs it.
 set -euo pipefail

@@ -1,5 +1,6 @@
 """The bench tools' own logic, on hand-made inputs: bench.profile_step's rows (a GPU's kernel time, the casts
-split by what is cast) and the benchmark's tokenize stage's PYTHONPATH. Speed itself is what they measure."""
+split by what is cast), the benchmark's row 4 against each kind of hardware's goal, and its tokenize stage's
+PYTHONPATH. Speed itself is what they measure."""
 import os
 
 import pytest
@@ -75,6 +76,34 @@ def test_the_profiles_casts_split_by_whether_a_weight_is_cast():
     split = ps.cast_split(events, steps=2, weight_shapes={(384, 1536), (1536, 384), (384,)})
     assert split == {ps.WEIGHTS: pytest.approx(1.0), ps.OTHERS: pytest.approx(1.0)}  # (100+200+700+100+900) us / 2
     assert ps.breakdown(events, wall_s=0.01, steps=2)[ps.CASTS] == pytest.approx(2.0)  # the same row, whole
+
+
+@pytest.mark.parametrize("device, isa, precision, ratio, verdict", [
+    ("cpu", "AMX", "bfloat16 (a CPU with AMX; the attention in fp32)", 1.86, "meets the goal"),  # goal 1.6x
+    ("cpu", "AMX", "bfloat16 (a CPU with AMX; the attention in fp32)", 1.03, "BELOW THE GOAL"),
+    ("cpu", "AVX512-BF16", "bfloat16 (a CPU with AVX512-BF16; the attention in fp32)", 1.03, "meets the goal"),  # 1.0x
+    ("cpu", "AVX512-BF16", "bfloat16 (a CPU with AVX512-BF16; the attention in fp32)", 0.90, "BELOW THE GOAL"),
+    ("cuda", "AVX2", "bfloat16 (NVIDIA H100 80GB HBM3, compute capability 9.0)", 1.66, "meets the goal"),  # 1.6x
+    ("cuda", "AVX2", "bfloat16 (NVIDIA H100 80GB HBM3, compute capability 9.0)", 1.21, "BELOW THE GOAL"),
+    ("cpu", "AVX2", None, None, "meets the goal"),  # fp32 there: not timed, as fast as fp32 (1.0x, the goal)
+])
+def test_row_4_judges_the_precision_the_defaults_train_in_against_the_hardwares_goal(device, isa, precision, ratio,
+                                                                                      verdict):
+    """Row 4 of bench.benchmark: the mixed precision the stage trains in against fp32, its ratio judged against
+    the goal of the hardware (a GPU's 1.6x also for its host's ISA); where the stage trains fp32 bf16 is not
+    timed, and the defaults count as 1.0x fp32."""
+    from bench.common import hardware_goals
+    from bench.training import precision_line
+
+    goals = hardware_goals(device, isa)
+    fp32, mixed = ({"tokens_per_s": 1000.0}, {"tokens_per_s": 1000.0 * ratio}) if ratio else (None, None)
+    line = precision_line(fp32, mixed, 50, precision, goals)
+    assert line.startswith("4. ") and line.endswith(f"goal >= {goals['bf16']}x on {goals['why']}: {verdict})")
+    if ratio:
+        assert f"training in {precision}," in line and f": {ratio:.2f}x (" in line
+        assert f"{1000.0 * ratio:.0f} vs 1000 real tokens/s over 50 steps each" in line
+    else:
+        assert "not timed" in line and "fp32, 1.0x" in line
 
 
 @pytest.mark.parametrize("pythonpath, expected", [

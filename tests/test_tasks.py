@@ -6,9 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bench.common import tokenize_texts
 from pipeline.settings import PipelineError
 from reading.cleaning import clean_frame
-from reading.tokens import joined, tokenize_texts
+from reading.tokens import joined
 from stages.preprocess import order_by_sample
 from stages.split import holdout_folds, kfold_folds
 from tasks.labels import multilabel_list, read_multilabels, read_numbers

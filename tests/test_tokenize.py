@@ -1,6 +1,7 @@
 import pytest
 
-from reading.tokens import pack_sequences, tokenize_texts, unpack_sequences
+from bench.common import tokenize_texts
+from reading.tokens import pack_sequences, unpack_sequences
 from stages.tokenize import label_ids, length_stats
 
 
