@@ -1,6 +1,7 @@
 """Where users extend the pipeline, each change is made in one place: a head of their own is the model class
 in modeling/models.py (training loads it with a new head, predicting loads the trained folder with it); a
-loss is a function and a line in training/losses.py (tests/test_techniques.py trains with one)."""
+loss is a function and a line in training/losses.py (tests/test_techniques.py trains with one); a preprocessing
+step is a function and a line in reading/cleaning.py (tests/test_clean_properties.py checks each one)."""
 import numpy as np
 import torch
 from transformers import BertModel, BertPreTrainedModel
