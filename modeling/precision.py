@@ -62,7 +62,7 @@ def autocast_dtype(mixed_precision, device):
 
 
 def describe(mixed_precision, device):
-    """The precision in words, for the log: "bfloat16 (a CPU with AMX; the attention in fp32)"."""
+    """The precision in words, for the log: "bfloat16 (a CPU with AMX)"."""
     dtype = autocast_dtype(mixed_precision, device)
     name = str(dtype or torch.float32).removeprefix("torch.")
     if not mixed_precision:
@@ -72,8 +72,7 @@ def describe(mixed_precision, device):
         why = f"{torch.cuda.get_device_name()}, compute capability {major}.{minor}"
         return f"{name} ({why}" + (", no native bf16: with loss scaling)" if dtype == torch.float16 else ")")
     isa = cpu_isa()
-    return (f"{name} (a CPU with {isa}; the attention in fp32)" if dtype else
-            f"{name} (a CPU with {isa}: no bf16 instructions)")
+    return f"{name} (a CPU with {isa})" if dtype else f"{name} (a CPU with {isa}: no bf16 instructions)"
 
 
 def attention_in_fp32(device, dtype, attn_implementation):

@@ -124,7 +124,7 @@ def test_each_fold_predicts_rows_as_it_validated_them(cv_repo):
     tensors = load_file(repo / "data/tokenized/train.safetensors")
     sequences, token_types = unpack_flat(tensors, "input_ids"), unpack_flat(tensors, "token_type_ids")
     runs = [json.loads((repo / f"models/fold-{k}/pipeline.json").read_text()) for k in FOLDS]
-    assert sum(run["fp32_attention"] for run in runs) == log.count("; the attention in fp32)")
+    assert sum(run["fp32_attention"] for run in runs) == log.count("; the attention in fp32\n")
     for k, run in zip(FOLDS, runs):
         rows, oof = probabilities(repo / f"predictions/fold-{k}/oof.csv")
         order = np.argsort(rows)  # the rows in file order, as a test file's are

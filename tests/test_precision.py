@@ -39,7 +39,7 @@ def test_a_cpu_trains_in_bf16_exactly_where_it_has_bf16_instructions(tmp_path, m
                               "cpu", 8, 4)
     assert args.bf16 == bf16 and not args.fp16
     said = precision.describe(True, "cpu")
-    assert said == ("bfloat16 (a CPU with " + isa + "; the attention in fp32)" if bf16 else
+    assert said == ("bfloat16 (a CPU with " + isa + ")" if bf16 else
                     "float32 (a CPU with " + isa + ": no bf16 instructions)"), said
     off = training_arguments(train_params(mixed_precision=False), MACHINE, str(tmp_path), "cpu", 8, 4)
     assert not off.bf16 and not off.fp16 and precision.describe(False, "cpu") == "float32 (train.mixed_precision: false)"

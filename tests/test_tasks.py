@@ -272,7 +272,7 @@ def test_regression_folds_are_stratified_by_quantile_bins():
 
 def test_pairs_and_joined_columns_reach_the_tokenizer_as_such(tokenizer):
     frame = clean_frame(pd.DataFrame({"title": ["Great", "", " "], "body": ["the car", "", "x"], "b": ["a", "b", ""]}),
-                        ["title", "body"], None, {}, "b")
+                        ["title", "body"], None, ["normalize_whitespace"], "b")
     assert frame["text"].tolist() == ["Great\x1fthe car", "", "\x1fx"]  # a row with no text at all is dropped
     assert frame.index.tolist() == [0, 1, 2] and frame["text_pair"].tolist() == ["a", "b", ""]
     assert joined(["Great\x1fthe car"], tokenizer) == ["Great [SEP] the car"]

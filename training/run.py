@@ -126,12 +126,13 @@ def load(job, rows, params, device, world_size, main_process, say):
          if len(np.unique(texts)) < len(texts) else ""))
     batch_size, accumulation, seq_len = agreed_batch_size(model, train_set.sequences, params, world_size, device)
     dtype = autocast_dtype(params["mixed_precision"], device)
+    fp32_attention = attention_in_fp32(device, dtype, model.config._attn_implementation)
     say(f"batch: {batch_size} per step x {accumulation} accumulated" +
         (f" x {world_size} processes" if world_size > 1 else "") +
         f" = {batch_size * accumulation * world_size} per optimizer step; longest batch {seq_len} tokens; "
-        f"{describe(params['mixed_precision'], device)}")
+        f"{describe(params['mixed_precision'], device)}" + ("; the attention in fp32" if fp32_attention else ""))
     return Loaded(tokenizer, model, train_set, val_set, texts[val_rows], scale, batch_size, accumulation, seq_len,
-                  dtype, attention_in_fp32(device, dtype, model.config._attn_implementation), device, world_size)
+                  dtype, fp32_attention, device, world_size)
 
 
 @dataclasses.dataclass
