@@ -62,14 +62,14 @@ from bench.training import (
     report_recipe,
     report_training,
 )
+from modeling.models import resolve_model
+from modeling.precision import autocast_dtype, cpu_isa, describe
 from pipeline.settings import load_params
 from reading.tokens import auto_max_length, model_limit
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
 from training.settings import TRAIN_PARAMS
 from training.speed import running_allocator
-from modeling.models import resolve_model
-from modeling.precision import autocast_dtype, cpu_isa, describe
 
 
 def _yes(flag):

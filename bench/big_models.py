@@ -21,10 +21,10 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, Bert
 
 from bench.common import dataset, load_corpus, minilm_model
 from bench.training import train_as_the_stage
-from pipeline.settings import load_params
-from training.settings import MACHINE_PARAMS, TRAIN_PARAMS
-from training import lora, lowmemory
 from modeling.models import resolve_model
+from pipeline.settings import load_params
+from training import lora, lowmemory
+from training.settings import MACHINE_PARAMS, TRAIN_PARAMS
 
 SETTINGS = {  # row name: the train.* keys changed from params.yaml
     "full fine-tuning": {},
@@ -72,7 +72,6 @@ def f1(params, rows, seeds):
     from sklearn.metrics import f1_score
 
     from modeling.models import make_collator
-
     from predicting.inference import predict_logits
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("minilm"))

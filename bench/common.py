@@ -10,18 +10,19 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, AutoTokenizer, BertConfig, BertForSequenceClassification, set_seed
+from transformers import AutoConfig, AutoTokenizer, BertConfig, BertForSequenceClassification
 from transformers import logging as hf_logging
+from transformers import set_seed
 
 from fetching.builtin import write_builtin
+from modeling.models import load_model, resolve_model, set_dropout
+from pipeline.settings import load_params
 from reading.cleaning import clean_frame
 from reading.csvfiles import read_csv
 from reading.tokens import auto_max_length, model_limit, pack_sequences, tokenize_rows, unpack_sequences
-from training.data import TokenizedDataset
-from modeling.models import load_model, resolve_model, set_dropout
-from pipeline.settings import load_params
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.tokenize import TOKENIZE_PARAMS
+from training.rows import TokenizedDataset
 from training.settings import TRAIN_PARAMS
 from training.speed import Throughput
 

@@ -41,13 +41,11 @@ from sklearn.metrics import accuracy_score, f1_score
 from sklearn.model_selection import StratifiedKFold, train_test_split
 from transformers import get_linear_schedule_with_warmup, set_seed
 
-from modeling.models import make_collator
-
+from modeling.models import load_model, make_collator, resolve_model
+from modeling.precision import SDPA_FP32, attention_in_fp32, autocast_dtype
 from predicting.inference import predict_logits
 from reading.tokens import tokenize_rows
 from reading.windows import Cutting, mean_by_text
-from modeling.models import load_model, resolve_model
-from modeling.precision import SDPA_FP32, attention_in_fp32, autocast_dtype
 
 HOWS = ("head", "tail", "head_tail", "windows")
 

@@ -11,19 +11,21 @@ import tempfile
 import time
 
 import torch
-from transformers import AutoModelForMaskedLM, AutoTokenizer, set_seed
+from transformers import AutoModelForMaskedLM, AutoTokenizer
 from transformers import logging as hf_logging
+from transformers import set_seed
 from transformers.trainer_callback import PrinterCallback
 
 from bench.common import NO_CHECKPOINTS, load_average, load_corpus
+from modeling.models import resolve_model
+from modeling.precision import autocast_dtype, cpu_isa
 from pipeline.settings import load_params
 from reading.tokens import joined
 from stages.preprocess import PREPROCESS_PARAMS
 from stages.pretrain import PRETRAIN_PARAMS
 from training import mlm
 from training.arguments import pretraining_arguments
-from modeling.models import resolve_model
-from modeling.precision import autocast_dtype, cpu_isa
+
 
 def run(params, tokenizer, sequences, masked_only, steps, dtype, folder):
     """(seconds, tokens, final training loss) of `steps` pretraining steps from the same start."""

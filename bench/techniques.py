@@ -27,17 +27,15 @@ from transformers import set_seed
 from transformers.trainer_callback import PrinterCallback
 
 from bench.common import NO_CHECKPOINTS, load_average, load_corpus, tokenize_texts
+from modeling.models import load_model, make_collator, resolve_model
 from pipeline.settings import load_params
-from modeling.models import make_collator
-from training.settings import TRAIN_PARAMS
 from tasks.shapes import SHAPES
 from training import techniques
 from training.arguments import training_arguments
-from training.data import TokenizedDataset
-from training.evaluation import ValidationScores, evaluated_at_end
-from modeling.models import load_model, resolve_model
+from training.rows import TokenizedDataset
+from training.settings import TRAIN_PARAMS
 from training.speed import Throughput
-from training.trainer import CountingTrainer
+from training.trainer import CountingTrainer, ValidationScores, evaluated_at_end
 
 MAX_LENGTH = 64  # tweets: 99.9% of them fit (tokenize.max_length auto gives about this)
 # (row name, family, settings): each technique alone, at the values write-ups use

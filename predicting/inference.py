@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from modeling.models import load_trained, make_collator
-from modeling.precision import cpu_isa, cpu_autocast_dtype, in_fp32
+from modeling.precision import cpu_autocast_dtype, cpu_isa, in_fp32
 from pipeline.settings import PipelineError
 from reading.windows import mean_by_text
 from tasks.shapes import SHAPES

@@ -30,7 +30,8 @@ from reading.tokens import unpack_flat, unpack_sequences
 from tasks.shapes import SHAPES
 from training import checkpoint
 from training.pretrained import start_model
-from training.rows import TOKENIZED, fold_rows, pseudo_labels, read_train_file, read_training_data, soft_rows, with_test_rows
+from training.rows import (TOKENIZED, fold_rows, pseudo_labels, read_train_file, read_training_data, soft_rows,
+                           with_test_rows)
 from training.run import Job, train
 from training.settings import parse_fold, train_settings
 

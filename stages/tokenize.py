@@ -31,6 +31,7 @@ import transformers
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoTokenizer
 
+from modeling.models import model_params, resolve_model
 from pipeline.command import interactive, run_main
 from pipeline.outputs import atomic_dir, write_json
 from pipeline.settings import PipelineError, Range, load_params
@@ -40,7 +41,6 @@ from reading.tokens import (CHUNK, auto_max_length, cut_flat, encode_flat, model
                            truncate_flat, uses_types)
 from reading.windows import TRUNCATIONS, Cutting
 from tasks.shapes import SHAPES
-from modeling.models import model_params, resolve_model
 
 PROCESSED = Path("data/processed")
 OUT = Path("data/tokenized")

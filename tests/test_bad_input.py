@@ -16,9 +16,9 @@ import pytest
 import yaml
 from huggingface_hub import constants
 
+from modeling.models import resolve_model
 from pipeline.settings import PipelineError
 from tests.http_servers import refused_url, send, serve
-from modeling.models import resolve_model
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = "text,sentiment\n"

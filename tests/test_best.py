@@ -11,7 +11,7 @@ from transformers import TrainerControl, TrainerState
 
 from tasks.shapes import SHAPES
 from training.best import BEST_FILE, KeepBest, competition_score, is_better
-from training.evaluation import ValidationScores
+from training.trainer import ValidationScores
 
 
 def test_the_competition_metric_is_the_one_evaluate_computes():

@@ -215,7 +215,6 @@ def lora_trainer(tiny_model_dir, tokenizer, folder, max_steps):
     from transformers import DataCollatorWithPadding, TrainingArguments
 
     from training.speed import Throughput
-
     from training.trainer import CountingTrainer
 
     model = lowmemory.prepare(tiny(tiny_model_dir), {**OFF, "lora_rank": 4, "lora_alpha": 8}, "cpu", say=lambda _: None)

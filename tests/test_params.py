@@ -168,6 +168,7 @@ NUMBER = r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
 
 def specs():
     """{section.key: the kinds load_params checks it against}, from the modules that check each section."""
+    from modeling.models import MODEL_PARAMS
     from stages.baseline import BASELINE_PARAMS
     from stages.distill import DISTILL_PARAMS
     from stages.evaluate import EVALUATE_PARAMS
@@ -177,9 +178,8 @@ def specs():
     from stages.pseudo import PSEUDO_PARAMS
     from stages.split import CV_PARAMS, SPLIT_PARAMS
     from stages.tokenize import TOKENIZE_PARAMS
-    from training.settings import MACHINE_PARAMS, TRAIN_PARAMS
     from tasks.shapes import TASK_PARAMS
-    from modeling.models import MODEL_PARAMS
+    from training.settings import MACHINE_PARAMS, TRAIN_PARAMS
     from tune.settings import TUNE_PARAMS
 
     sections = {"fetch": FETCH_PARAMS, "task": TASK_PARAMS, "preprocess": PREPROCESS_PARAMS, "model": MODEL_PARAMS,

@@ -30,7 +30,6 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, Bert
 
 from predicting.inference import fold_folders, fold_outputs, load_fold
 from reading.tokens import unpack_flat, unpack_sequences
-
 from tests.shape_data import TOPICS, multilabel_rows, pair_rows, regression_rows, write_data
 from tests.test_cv import logged_repro
 from tests.test_pipeline import REPO, dvc, init_pipeline_repo, set_params, stage_env

@@ -9,10 +9,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
-from pipeline.settings import PipelineError, load_params
 from modeling.models import make_collator
+from pipeline.settings import PipelineError, load_params
 from reading.tokens import auto_max_length, model_limit, pack_sequences, unpack_sequences
-from training.settings import MACHINE_PARAMS, TRAIN_PARAMS
 from training.arguments import training_arguments
 from training.batch_size import (
     choose_batch_size,
@@ -22,7 +21,8 @@ from training.batch_size import (
     pick_batch_size,
     use_expandable_segments,
 )
-from training.data import TokenizedDataset
+from training.rows import TokenizedDataset
+from training.settings import MACHINE_PARAMS, TRAIN_PARAMS
 from training.speed import Throughput, allocator_in, allocator_note, running_allocator
 from training.trainer import CountingTrainer
 
@@ -204,7 +204,6 @@ def test_accumulated_loss_is_the_mean_over_micro_batches(tiny_model_dir, tokeniz
     from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, TrainingArguments
 
     from training.speed import Throughput
-
     from training.trainer import CountingTrainer
 
     texts = ["great love", "awful hate", "meeting tuesday", "best happy"] * 4

@@ -93,13 +93,7 @@ def test_each_shape_reports_its_scores():
 
 @pytest.mark.parametrize("metric", ["accuracy", "f1_macro", "f1_weighted", "log_loss", "roc_auc", "qwk"])
 def test_each_classification_metric_is_scikit_learns_on_the_class_of_highest_probability(metric):
-    from sklearn.metrics import (
-        accuracy_score,
-        cohen_kappa_score,
-        f1_score,
-        log_loss,
-        roc_auc_score,
-    )
+    from sklearn.metrics import accuracy_score, cohen_kappa_score, f1_score, log_loss, roc_auc_score
 
     rng = np.random.default_rng(0)
     truth = np.arange(60) % 4  # every class present, four ordered classes (qwk's case)

@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 from reading.tokens import tokenize_rows
 from reading.windows import Cutting, kept_positions, mean_by_text, text_of_row
 from tasks.shapes import SHAPES
-from training.evaluation import ValidationScores
+from training.trainer import ValidationScores
 
 CLS, SEP = 2, 3
 WORD = 4  # w0 has id 4, w1 id 5, ...

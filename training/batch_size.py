@@ -5,8 +5,8 @@ import os
 
 import torch
 
-from pipeline.settings import PipelineError
 from modeling.precision import autocast_dtype
+from pipeline.settings import PipelineError
 from training.lowmemory import adamw_state_bytes
 
 # Probing leaves this share of GPU memory unused: real training also holds the allocator's

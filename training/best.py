@@ -51,7 +51,7 @@ def is_better(score, best, metric):
 
 
 class KeepBest(TrainerCallback, ExportableState):
-    """Keeps the parameters of `model` and the logits (from `scores`, training.evaluation.ValidationScores)
+    """Keeps the parameters of `model` and the logits (from `scores`, training.trainer.ValidationScores)
     of the evaluation that scores best by `metric`; restore() puts them back after training. patience n:
     training stops after n evaluations in a row without a better score (keep false: early stopping
     alone, the last weights kept). resume: the checkpoint a run resumes from, whose best.safetensors

@@ -35,12 +35,11 @@ from tasks.shapes import competition_metric
 from training import best, checkpoint, lora, lowmemory, pruning, techniques
 from training.arguments import training_arguments
 from training.batch_size import out_of_memory_in_training, use_expandable_segments
-from training.data import TokenizedDataset, standardised
-from training.evaluation import ValidationScores, evaluated_at_end
 from training.processes import agreed_batch_size, join_processes
 from training.progress import LiveCallback, ProgressLog, open_live
+from training.rows import TokenizedDataset, standardised
 from training.speed import Throughput, allocator_note, peak_memory, running_allocator, speed_line, tcmalloc_library
-from training.trainer import CountingTrainer, EveryShapeAtOnce, check_compiler
+from training.trainer import CountingTrainer, EveryShapeAtOnce, ValidationScores, check_compiler, evaluated_at_end
 
 
 @dataclasses.dataclass
