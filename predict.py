@@ -24,13 +24,14 @@ import numpy as np
 import pandas as pd
 import torch
 
+from modeling.families import takes_segment_ids
 from pipeline.command import run_main
 from pipeline.settings import PipelineError
 from predicting.folds import DECIMALS
 from predicting.inference import fold_folders, fold_outputs, load_fold, read_run
 from reading.cleaning import as_steps, clean_test_frame
 from reading.csvfiles import read_csv, require_columns
-from reading.tokens import model_inputs, tokenize_rows, uses_types
+from reading.tokens import model_inputs, tokenize_rows
 from reading.windows import Cutting
 from tasks.shapes import SHAPES
 from tasks.submission import submission_frame
@@ -135,7 +136,7 @@ def main():
         if k == 0:  # every fold saved the same tokenizer
             inputs = model_inputs(rows, tokenizer)
             texts, pairs = inputs if isinstance(inputs, tuple) else (inputs, None)
-            types = uses_types(tokenizer, pairs is not None)
+            types = takes_segment_ids(tokenizer, model.config, pairs is not None)
             # long texts cut as the run's tokenize stage cut them (windows: several rows of a text)
             try:
                 sequences, token_types, row_texts, _ = tokenize_rows(tokenizer, texts, run["max_length"], pairs, types,

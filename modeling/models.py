@@ -9,6 +9,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
+from modeling.families import pad_token_for, set_pad_token
 from pipeline.settings import PipelineError, load_params
 from tasks.shapes import SHAPES
 
@@ -128,12 +129,14 @@ def load_model(model_source, labels, trust_remote_code=False, dropout="model", f
     probability for every dropout of the model, or "model" for the ones its config has;
     freeze_embeddings: the token-embedding matrix is not trained. layers: keep only the first `layers` encoder
     layers (a smaller student of the same model: from_pretrained leaves the weights of the others unused)."""
-    tokenizer = AutoTokenizer.from_pretrained(model_source, trust_remote_code=trust_remote_code)
+    tokenizer = pad_token_for(AutoTokenizer.from_pretrained(model_source, trust_remote_code=trust_remote_code),
+                              model_source)
     outputs = shape.outputs(labels)
     config = AutoConfig.from_pretrained(model_source, num_labels=len(outputs), trust_remote_code=trust_remote_code,
                                         id2label=dict(enumerate(outputs)),
                                         label2id={name: i for i, name in enumerate(outputs)},
                                         problem_type=shape.problem_type, **layer_setting(model_source, layers))
+    set_pad_token(config, tokenizer)
     if not set_dropout(config, dropout) and dropout != "model":
         print(f"train.dropout {dropout}: the config of {model_source} names no dropout; it keeps its own")
     # transformers prints a table listing the classifier head as MISSING: that is expected for
@@ -148,7 +151,7 @@ def load_model(model_source, labels, trust_remote_code=False, dropout="model", f
 
 def load_trained(folder):
     """(tokenizer, model) of a folder the train stage wrote (save_pretrained of MODEL_CLASS)."""
-    return AutoTokenizer.from_pretrained(folder), MODEL_CLASS.from_pretrained(folder)
+    return pad_token_for(AutoTokenizer.from_pretrained(folder), str(folder)), MODEL_CLASS.from_pretrained(folder)
 
 
 def make_collator(tokenizer, device):

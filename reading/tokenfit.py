@@ -21,7 +21,7 @@ SYLLABLE = re.compile("[\uac00-\ud7a3]")  # precomposed Hangul syllables
 JAMO = re.compile("[\u1100-\u11ff\u3130-\u318f\ua960-\ua97f\ud7b0-\ud7ff]")  # conjoining and compatibility jamo
 WORD = re.compile(r"\w+")
 # past these, a line in tokenize's log (thresholds of advice, not of correctness)
-MAIN_SCRIPT = 0.2  # share of the texts written mostly in the script
+MAIN_SCRIPT = 0.2  # share of the texts holding a script for it to be judged
 DECOMPOSED = 0.5  # share of the script's words with syllables or marks that the tokenizer breaks
 # and the share of all its words that the tokenizer breaks: English has a few accented words (café), all
 # stripped by an uncased vocabulary, which costs it nothing; French has one in about six, Korean every one
@@ -40,12 +40,6 @@ def script_of(char):
         return None
     first = unicodedata.name(char, "").split(" ")[0]
     return NAMES.get(first, first.title()) or None
-
-
-def main_script(text):
-    """The script most of a text's letters are in, or None for a text without letters."""
-    counts = Counter(filter(None, map(script_of, text)))
-    return counts.most_common(1)[0][0] if counts else None
 
 
 def marks(text):
@@ -75,46 +69,71 @@ def plain(texts):
     return [t.replace(COLUMN_JOIN, " ") for t in texts]
 
 
+def script_words(tokenizer, texts, script):
+    """The tokenizer's reading of a script's words, the WORDS most frequent tokenized one by one: {letters,
+    pieces (tokens), counted (words), with_structure (words with syllables or marks), breaks (those it
+    breaks), jamo (those broken into jamo)}, each word weighted by how often it occurs. Words with an
+    unknown token are left out (the unknown share counts them)."""
+    words = Counter(w for t in texts for w in WORD.findall(t) if {script_of(c) for c in w} == {script})
+    top = [w for w, _ in words.most_common(WORDS)]
+    word_ids = tokenizer(top, add_special_tokens=False, return_attention_mask=False)["input_ids"] if top else []
+    decoded = tokenizer.batch_decode(word_ids) if top else []
+    counts = Counter()
+    for word, word_tokens, reading in zip(top, word_ids, decoded):
+        n = words[word]
+        if tokenizer.unk_token_id in word_tokens:
+            continue
+        counts.update(letters=n * len(word), pieces=n * len(word_tokens), counted=n)
+        if structured(word):
+            counts["with_structure"] += n
+            if broken(word, reading):
+                counts.update(breaks=n, jamo=n * bool(JAMO.search(reading)))
+    return counts
+
+
+def worst_fit(readings):
+    """Of {script: script_words' counts}, the script the tokenizer fits worst: the most broken words (jamo,
+    marks), else the most tokens per character; the first (the most common) when all fit."""
+    def badness(item):
+        counts = item[1]
+        broken_share = counts["breaks"] / counts["with_structure"] if counts["with_structure"] else 0.0
+        per_char = counts["pieces"] / counts["letters"] if counts["letters"] else 0.0
+        return (broken_share >= DECOMPOSED and counts["breaks"] / max(counts["counted"], 1) >= BROKEN_WORDS,
+                per_char > PIECES and per_char)
+    return max(readings.items(), key=badness)[0] if readings else None
+
+
 def fit_measures(tokenizer, texts):
     """How the tokenizer fits the texts (a sample of them: sample_rows), as metrics: `unknown_fraction` of
-    the tokens (special tokens left out), `chars_per_token` (characters but whitespace), `script` most
-    texts are mainly written in and the `script_fraction` of such texts, `script_tokens_per_char` of that
-    script's words tokenized one by one (below 1 where the vocabulary holds whole words; Hangul split into
-    jamo, 2 to 3), and `decomposed_fraction`: of those words with syllables or marks, the share whose
-    tokens lose them (`decomposes` says how: jamo, marks, or null)."""
+    the tokens (special tokens left out), `chars_per_token` (characters but whitespace). Every script held
+    by at least MAIN_SCRIPT of the texts is judged, not only the majority's (Korean words tagged with Latin
+    part-of-speech tags, 대응/NNG, have more Latin letters than Hangul), and the one fitted worst reported:
+    `script`, the `script_fraction` of texts holding it, `script_tokens_per_char` of its words tokenized
+    one by one (below 1 where the vocabulary holds whole words; Hangul split into jamo, 2 to 3), and
+    `decomposed_fraction`: of those words with syllables or marks, the share whose tokens lose them
+    (`decomposes` says how: jamo, marks, or null)."""
     texts = plain(texts)
     ids = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"] if texts else []
     tokens = sum(map(len, ids))
     unknown = tokenizer.unk_token_id
     unknowns = sum(row.count(unknown) for row in ids) if unknown is not None else 0
     characters = sum(len(t) - sum(c.isspace() for c in t) for t in texts)
-    scripts = Counter(filter(None, map(main_script, texts)))
-    script, in_script = scripts.most_common(1)[0] if scripts else (None, 0)
-    words = Counter(w for t in texts for w in WORD.findall(t) if script and {script_of(c) for c in w} == {script})
-    top = [w for w, _ in words.most_common(WORDS)]
-    word_ids = tokenizer(top, add_special_tokens=False, return_attention_mask=False)["input_ids"] if top else []
-    decoded = tokenizer.batch_decode(word_ids) if top else []
-    letters = pieces = with_structure = breaks = jamo = counted = 0
-    for word, word_tokens, reading in zip(top, word_ids, decoded):
-        n = words[word]
-        if unknown in word_tokens:  # counted as unknown, not as pieces
-            continue
-        letters, pieces, counted = letters + n * len(word), pieces + n * len(word_tokens), counted + n
-        if structured(word):
-            with_structure += n
-            if broken(word, reading):
-                breaks += n
-                jamo += n * bool(JAMO.search(reading))
+    held = Counter(script for t in texts for script in set(filter(None, map(script_of, t))))
+    judged = [s for s, n in held.most_common() if n >= MAIN_SCRIPT * len(texts)] or [s for s, _ in held.most_common(1)]
+    readings = {script: script_words(tokenizer, texts, script) for script in judged}
+    script = worst_fit(readings)
+    counts = readings.get(script, Counter())
+    breaks, with_structure = counts["breaks"], counts["with_structure"]
     return {
         "sample_texts": len(texts),
         "unknown_fraction": round(unknowns / tokens, 4) if tokens else 0.0,
         "chars_per_token": round(characters / tokens, 2) if tokens else None,
         "script": script,
-        "script_fraction": round(in_script / len(texts), 4) if texts else 0.0,
-        "script_tokens_per_char": round(pieces / letters, 2) if letters else None,
+        "script_fraction": round(held[script] / len(texts), 4) if script else 0.0,
+        "script_tokens_per_char": round(counts["pieces"] / counts["letters"], 2) if counts["letters"] else None,
         "decomposed_fraction": round(breaks / with_structure, 4) if with_structure else 0.0,
-        "broken_word_fraction": round(breaks / counted, 4) if counted else 0.0,
-        "decomposes": ("jamo" if jamo * 2 >= breaks else "marks") if breaks else None,
+        "broken_word_fraction": round(breaks / counts["counted"], 4) if counts["counted"] else 0.0,
+        "decomposes": ("jamo" if counts["jamo"] * 2 >= breaks else "marks") if breaks else None,
     }
 
 
@@ -133,15 +152,15 @@ def fit_problems(fit, truncated_fraction, max_length):
     if (share >= MAIN_SCRIPT and (fit.get("decomposed_fraction") or 0.0) >= DECOMPOSED
             and fit.get("broken_word_fraction", 1.0) >= BROKEN_WORDS):
         if fit.get("decomposes") == "jamo":
-            found["decomposed"] = (f"{percent(share)} of the train texts are Hangul and the tokenizer splits each "
+            found["decomposed"] = (f"{percent(share)} of the train texts hold Hangul and the tokenizer splits each "
                                    f"syllable into jamo ({per_char:.1f} tokens per syllable)",
                                    f"{reader} reads them whole (model.name)")
         else:
-            found["decomposed"] = (f"{percent(share)} of the train texts are {script} and the tokenizer strips the "
+            found["decomposed"] = (f"{percent(share)} of the train texts hold {script} and the tokenizer strips the "
                                    f"accents or marks from {percent(fit['decomposed_fraction'])} of the words that have "
                                    "them (an uncased vocabulary)", "a cased or multilingual model keeps them (model.name)")
     elif share >= MAIN_SCRIPT and per_char is not None and per_char > PIECES:
-        found["pieces"] = (f"{percent(share)} of the train texts are {script} and the tokenizer cuts its words into "
+        found["pieces"] = (f"{percent(share)} of the train texts hold {script} and the tokenizer cuts its words into "
                            f"{per_char:.1f} tokens per character (its vocabulary lacks them)",
                            f"{reader} reads them whole (model.name)")
     if (fit.get("unknown_fraction") or 0.0) >= UNKNOWN:

@@ -71,11 +71,6 @@ def encode(tokenizer, texts, types=False, **options):
     return (encoded["input_ids"], encoded["token_type_ids"]) if types else encoded["input_ids"]
 
 
-def uses_types(tokenizer, pair):
-    """Whether to keep segment ids: for text pairs, where the model takes them (BERT does, RoBERTa not)."""
-    return pair and "token_type_ids" in tokenizer.model_input_names
-
-
 def joined(texts, tokenizer):
     """Texts of several columns (csvfiles.COLUMN_JOIN between them) with the tokenizer's separator token."""
     separator = f" {tokenizer.sep_token or chr(10)} "

@@ -31,6 +31,7 @@ import transformers
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoTokenizer
 
+from modeling.families import takes_segment_ids
 from modeling.models import model_params, resolve_model
 from pipeline.command import interactive, run_main
 from pipeline.outputs import atomic_dir, write_json
@@ -38,7 +39,7 @@ from pipeline.settings import PipelineError, Range, load_params
 from reading.csvfiles import read_csv_chunks
 from reading.tokenfit import fit_measures, fit_warnings, sample_rows
 from reading.tokens import (CHUNK, auto_max_length, cut_flat, encode_flat, model_inputs, model_limit, packed,
-                           truncate_flat, uses_types)
+                           truncate_flat)
 from reading.windows import TRUNCATIONS, Cutting
 from tasks.shapes import SHAPES
 
@@ -123,13 +124,14 @@ def main():
     tokenizer = AutoTokenizer.from_pretrained(model_source, trust_remote_code=remote_code)
     if not tokenizer.is_fast:
         raise PipelineError(f"model.name {model_name!r} has no fast tokenizer; pick a model that has one")
-    limit = model_limit(tokenizer, AutoConfig.from_pretrained(model_source, trust_remote_code=remote_code))
+    config = AutoConfig.from_pretrained(model_source, trust_remote_code=remote_code)
+    limit = model_limit(tokenizer, config)
     if max_length != "auto" and max_length > limit:  # the model would fail on its first long batch
         raise PipelineError(f"params.yaml: tokenize.max_length {max_length} is more than model.name "
                             f"{model_name!r} takes ({limit} tokens): set it to at most {limit}, or auto")
     label_list = json.loads((PROCESSED / "labels.json").read_text(encoding="utf-8"))
     shape = json.loads((PROCESSED / "shape.json").read_text(encoding="utf-8"))
-    types = uses_types(tokenizer, bool(shape["pair_columns"]))
+    types = takes_segment_ids(tokenizer, config, bool(shape["pair_columns"]))
 
     paths = [PROCESSED / f"{split}.csv" for split in SPLITS if (PROCESSED / f"{split}.csv").exists()]
     # (flat ids, lengths, labels) of each split
@@ -160,7 +162,7 @@ def main():
                                            "head_tokens": cutting.head_tokens, "stride": cutting.stride})
     stats["fit"] = fit = fit_measures(tokenizer, texts_at(PROCESSED / "train.csv", sample_rows(train_rows)))
     print(f"tokenizer fit ({fit['sample_texts']:,} train texts): {fit['unknown_fraction']:.2%} unknown tokens, "
-          f"{fit['chars_per_token']} characters per token; {fit['script_fraction']:.0%} of the texts mainly "
+          f"{fit['chars_per_token']} characters per token; {fit['script_fraction']:.0%} of the texts hold "
           f"{fit['script']}, {fit['script_tokens_per_char']} tokens per character of its words")
     for line in fit_warnings(fit, stats["train"]["truncated_fraction"], max_length, model_name):
         print(line)

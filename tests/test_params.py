@@ -94,13 +94,15 @@ def run_stage_with(tmp_path, key, value):
                           capture_output=True, text=True, timeout=120)
 
 
-def run_module_in(folder, module):
-    """The child: `python -m module` in folder, its output to files there (read, then removed, by the parent)."""
+def run_module_in(folder, module, args=()):
+    """The child: `python -m module *args` in folder, its output to files there (read, then removed, by the parent)."""
     os.chdir(folder)
     for fd, name in ((1, ".stdout"), (2, ".stderr")):
         os.dup2(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
     sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)  # not pytest's capture
-    sys.argv = [module]
+    sys.argv = [module, *args]
+    # pytest's import hook claims every *_test.py (stages/predict_test.py) and cannot hand runpy its code
+    sys.meta_path[:] = [finder for finder in sys.meta_path if type(finder).__name__ != "AssertionRewritingHook"]
     for name in (module, f"{module}.__main__"):  # imported by the parent: run afresh, as python -m does
         sys.modules.pop(name, None)
     runpy.run_module(module, run_name="__main__", alter_sys=True)  # a SystemExit's code is the exit code

@@ -49,7 +49,7 @@ def test_an_uncased_vocabulary_is_seen_splitting_hangul_into_jamo(tokenizer):
     assert fit["script_tokens_per_char"] == pytest.approx(per_syllable, abs=0.01)
     assert fit["chars_per_token"] == pytest.approx(1 / per_syllable, abs=0.01)
     lines = fit_warnings(fit, 0.0, 64, "minilm")
-    assert lines == [f"warning: 100% of the train texts are Hangul and minilm's tokenizer splits each syllable into "
+    assert lines == [f"warning: 100% of the train texts hold Hangul and minilm's tokenizer splits each syllable into "
                      f"jamo ({per_syllable:.1f} tokens per syllable): a Korean model such as klue/bert-base reads them "
                      "whole (model.name)"]
 
@@ -92,3 +92,20 @@ def test_texts_cut_at_max_length_are_named_with_the_key_to_change(whole_words):
     assert fit_warnings(fit, 0.12, 64, "whole") == [
         "warning: 12% of the train texts are longer than max_length 64 and are cut: a larger tokenize.max_length "
         "keeps more of them"]
+
+
+def test_korean_tagged_with_latin_parts_of_speech_is_judged_as_korean(tokenizer, whole_words):
+    # what POS-tagging preprocessing makes (morpheme/TAG): more Latin letters than Hangul in every text,
+    # yet every Hangul word is still split into jamo by MiniLM's vocabulary
+    tags = ["NNG", "JX", "MAG", "VV", "EP", "EF", "JKS", "XSV"]
+    rng = random.Random(3)
+    texts = [";".join(f"{w}/{rng.choice(tags)}" for w in rng.sample(WORDS, 4)) for _ in range(100)]
+    latin = sum(c.isascii() and c.isalpha() for t in texts for c in t)
+    hangul = sum("\uac00" <= c <= "\ud7a3" for t in texts for c in t)
+    assert latin > hangul  # the majority script is Latin
+    fit = fit_measures(tokenizer, texts)
+    assert fit["script"] == "Hangul" and fit["script_fraction"] == 1.0 and fit["decomposes"] == "jamo"
+    lines = fit_warnings(fit, 0.0, 64, "minilm")
+    assert len(lines) == 1 and "splits each syllable into jamo" in lines[0] and "klue/bert-base" in lines[0]
+    # with a vocabulary of the whole words, the Latin tags (unknown to it) are what it lacks, not Hangul
+    assert "decomposed" not in fit_problems(fit_measures(whole_words, texts), 0.0, 64)

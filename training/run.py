@@ -39,7 +39,7 @@ from training.processes import agreed_batch_size, join_processes
 from training.progress import LiveCallback, ProgressLog, open_live
 from training.rows import TokenizedDataset, standardised
 from training.speed import Throughput, allocator_note, peak_memory, running_allocator, speed_line, tcmalloc_library
-from training.trainer import CountingTrainer, EveryShapeAtOnce, ValidationScores, check_compiler, evaluated_at_end
+from training.trainer import CountingTrainer, EveryShapeAtOnce, FiniteLoss, ValidationScores, check_compiler, evaluated_at_end
 
 
 @dataclasses.dataclass
@@ -176,7 +176,7 @@ def make_trainer(job, loaded, rows, params, machine, task_metric, main_process, 
     fingerprint, resume, live = start_or_resume(job, loaded, params, main_process, say)
     val_set = loaded.val_set
     scores = ValidationScores(shape, loaded.scale, loaded.val_texts) if val_set else None  # windows: each text once
-    callbacks = [LiveCallback(live=live)] if live else []
+    callbacks = [*([LiveCallback(live=live)] if live else []), FiniteLoss(loaded.dtype, params["lr"])]
     if params["compile"]:
         callbacks.append(EveryShapeAtOnce())
     if params["evaluations"] != "epoch" and val_set:

@@ -2,6 +2,7 @@
 Throughput), length groups shuffled reproducibly, evaluations that leave the random state as it was and keep
 their scores and logits (ValidationScores, Trainer's compute_metrics), an adversarial second pass
 (training/adversarial.py), and with train.compile one compiled graph for every batch shape."""
+import math
 import os
 import shutil
 
@@ -93,6 +94,31 @@ class CountingTrainer(Trainer):
             torch.random.set_rng_state(cpu)
             if cuda is not None:
                 torch.cuda.set_rng_state_all(cuda)
+
+
+class FiniteLoss(TrainerCallback):
+    """Stops the run at the first logged training loss that is NaN or infinite, with one line saying why and
+    what to change: a model that overflows float16 (Gemma in fp16 on a T4, which has no bf16), or updates
+    that diverged. Trainer would train on, and the fold would submit the outputs of a broken model. Read at
+    each log (about 50 a run), so it costs no synchronisation per step."""
+
+    def __init__(self, dtype, lr):
+        self.dtype, self.lr = dtype, lr
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        loss = (logs or {}).get("loss")
+        if loss is None or math.isfinite(loss):
+            return
+        where = f"the training loss became {loss} by step {state.global_step} of {state.max_steps}"
+        if self.dtype == torch.float16:
+            raise PipelineError(f"{where} in float16: the model overflows float16 (Gemma does); set "
+                                "train.mixed_precision: false (float32), or train on a GPU with bfloat16 "
+                                "(compute capability 8.0 or more: A100, L4, H100)")
+        if state.global_step <= state.logging_steps:  # before the updates could diverge
+            raise PipelineError(f"{where}: the model's outputs overflow from its first steps; check the weights "
+                                f"of model.name, or lower train.lr (now {self.lr:g})")
+        raise PipelineError(f"{where}: training diverged; lower train.lr (now {self.lr:g}), or keep "
+                            "train.max_grad_norm at 1.0")
 
 
 class ValidationScores:
