@@ -143,10 +143,16 @@ def main():
                                                                      Cutting.of(run))
             except ValueError as error:  # a row the run's tokenize.truncation cannot cut
                 raise PipelineError(f"{args.file} {error} (the run's tokenize.truncation {run['truncation']})") from None
+            print(f"predicting {len(rows):,} rows ({sum(map(len, sequences)):,} tokens) with {len(folders)} "
+                  f"model(s) on {device}")
         begin = time.perf_counter()
         # the fold's own pipeline.json: a regression target's scale is its own training rows'
         outputs.append(fold_outputs(tokenizer, model, fold_run, sequences, token_types, device, args.batch_size, row_texts))
         predicting += time.perf_counter() - begin
+        if k == 0 and len(folders) > 1:  # what a time-limited notebook needs to know early
+            rest = predicting * (len(folders) - 1)
+            print(f"{folder.name}: {len(rows) / predicting:,.1f} rows/s; the other {len(folders) - 1} models take about "
+                  + (f"{rest:.0f} s" if rest < 120 else f"{rest / 60:.0f} minutes") + " more")
     mean = np.mean(outputs, axis=0)
     frame = submission_frame(shape, rows["id"], mean, run["labels"], header, threshold, run["label_separator"],
                              probabilities)

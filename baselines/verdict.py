@@ -20,7 +20,7 @@ def likely_causes(tokens, epochs, lr, frozen):
                          tokens.get("max_length"))
     causes = [f"{what}: {remedy}" for what, remedy in found.values()]
     causes.append(f"too few epochs (train.epochs {epochs:g})")
-    causes.append(f"the learning rate (train.lr {lr:g})")
+    causes.append(f"the learning rate (train.lr {lr if isinstance(lr, str) else format(lr, 'g')})")
     if frozen:
         causes.append("frozen token embeddings (train.freeze_embeddings: false lets them learn words far from the "
                       "model's pretraining)")

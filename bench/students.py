@@ -128,7 +128,7 @@ def main():
         rows.append((f"pretrain {args.pretrain_epochs:g} epoch(s), then the same fine-tune", f1(m["val"]),
                      f1(m.get("test")), seconds, wall))
         lr = yaml.safe_load((repo / "params.yaml").read_text())["train"]["lr"]
-        rerun, _, rerun_wall, _ = repro(repo, "2b-train-lr", {"train.lr": float(lr) * 1.5}, logs)  # pretrain must stay
+        rerun, _, rerun_wall, _ = repro(repo, "2b-train-lr", {"train.lr": 1.5e-4 if lr == "auto" else float(lr) * 1.5}, logs)  # pretrain must stay
         repro(repo, "2c-train-lr-back", {"train.lr": lr}, logs)  # DVC's run cache restores row 2
     if 3 in chosen:
         _, seconds, wall, m = repro(repo, "3-two-folds", {"pretrain.epochs": 0, "cv.folds": [0, 1]}, logs)

@@ -47,7 +47,7 @@ BASELINE = folds.PREDICTIONS / "baseline"
 # the train.* keys the comparison with the baseline names among the likely causes (dvc.yaml declares them)
 # what evaluate.submit accepts: the teachers' ensemble, the pseudo students', or a distill student (its name)
 EVALUATE_PARAMS = {"submit": (str,)}
-TRAIN_KEYS = {"epochs": (float, Range(0, low_open=True)), "lr": (float, Range(0, 1, low_open=True)),
+TRAIN_KEYS = {"epochs": (float, Range(0, low_open=True)), "lr": (float, "auto", Range(0, 1, low_open=True)),
               "freeze_embeddings": (bool,)}
 
 

@@ -6,6 +6,7 @@ the decoders (Qwen2, Llama, Gemma 2) also on single texts with LoRA.
 The test rows' outputs are checked by another path than the one that wrote them: the trained fold read by
 transformers alone, each text tokenized on its own (no padding, so no pad token and no last-token search
 over padding), with segment ids only where the model has more than one token type."""
+import json
 import shutil
 
 import numpy as np
@@ -51,7 +52,7 @@ def run_ok(folder, module, *args):
 def prepared(tmp_path_factory):
     """A project folder with pair data fetched, preprocessed and split (one holdout fold): each case copies it."""
     for module in ("stages.fetch", "stages.preprocess", "stages.split", "stages.tokenize", "stages.train",
-                   "stages.predict_test", "predict"):
+                   "stages.predict_test", "stages.distill", "predict"):
         __import__(module)  # imported once, here; each run is a fork of this process
     folder = tmp_path_factory.mktemp("families")
     source = write_data(folder / "source", pair_rows, 120, 24)
@@ -75,20 +76,22 @@ def by_transformers(folder, test, pairs):
     child.start()
     child.join(timeout=120)
     assert child.exitcode == 0, f"transformers could not read {folder}: exit {child.exitcode}"
-    return np.load(folder / "by_transformers.npy")
+    saved = np.load(folder / "by_transformers.npz")
+    return saved["probabilities"], int(saved["tokens"])
 
 
 def probabilities_to(folder, test, pairs):
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     types = pairs and getattr(model.config, "type_vocab_size", 2) > 1 and "token_type_ids" in tokenizer.model_input_names
-    outputs = []
+    outputs, tokens = [], 0
     with torch.inference_mode():
         for _, row in test.iterrows():
             encoded = tokenizer(row["premise"], row["hypothesis"] if pairs else None, return_tensors="pt",
                                 return_token_type_ids=types)
             outputs.append(model(**encoded).logits.softmax(-1)[0].numpy())
-    np.save(folder / "by_transformers.npy", np.array(outputs))
+            tokens += encoded["input_ids"].shape[1]
+    np.savez(folder / "by_transformers.npz", probabilities=np.array(outputs), tokens=tokens)
 
 
 def run_family(prepared, tmp_path, family, pairs=True, lora_rank=0):
@@ -107,25 +110,26 @@ def run_family(prepared, tmp_path, family, pairs=True, lora_rank=0):
         run_ok(work, stage, *args)
     test = pd.read_csv(source / "test.csv", dtype=str, keep_default_na=False)
     test.drop(columns="label").to_csv(work / "new.csv", index=False)
-    run_ok(work, "predict", "new.csv", "--out", "predicted.csv", "--probabilities", "probabilities.csv",
-           "--batch-size", "5")  # other batches than the stage's: a row's output must not depend on its batch
+    said = run_ok(work, "predict", "new.csv", "--out", "predicted.csv", "--probabilities", "probabilities.csv",
+                  "--batch-size", "5")  # other batches than the stage's: a row's output must not depend on its batch
     stage = pd.read_csv(work / "predictions/test/fold-0.csv").drop(columns="row").to_numpy()
-    return work, test, stage, pd.read_csv(work / "probabilities.csv")
+    return work, test, stage, pd.read_csv(work / "probabilities.csv"), said
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_each_family_trains_on_text_pairs_and_predicts_what_transformers_computes(prepared, tmp_path, family):
-    work, test, stage, predicted = run_family(prepared, tmp_path, family)
-    expected = by_transformers(work / "models/fold-0", test, pairs=True)
+    work, test, stage, predicted, said = run_family(prepared, tmp_path, family)
+    expected, tokens = by_transformers(work / "models/fold-0", test, pairs=True)
     np.testing.assert_allclose(stage, expected, atol=1e-4)
     labels = sorted(set(test["label"]))
     np.testing.assert_allclose(predicted[labels].to_numpy(), expected, atol=1e-4)
+    assert f"predicting {len(test)} rows ({tokens:,} tokens) with 1 model(s) on cpu" in said, said
 
 
 @pytest.mark.parametrize("family", DECODERS)
 def test_a_decoder_trains_with_lora_on_single_texts(prepared, tmp_path, family):
-    work, test, stage, predicted = run_family(prepared, tmp_path, family, pairs=False, lora_rank=4)
-    expected = by_transformers(work / "models/fold-0", test, pairs=False)  # a plain model: the adapters merged
+    work, test, stage, predicted, _ = run_family(prepared, tmp_path, family, pairs=False, lora_rank=4)
+    expected, _ = by_transformers(work / "models/fold-0", test, pairs=False)  # a plain model: the adapters merged
     np.testing.assert_allclose(stage, expected, atol=1e-4)
     np.testing.assert_allclose(predicted[sorted(set(test["label"]))].to_numpy(), expected, atol=1e-4)
 
@@ -151,3 +155,76 @@ def test_a_loss_that_becomes_nan_stops_the_fold_with_one_line_naming_the_setting
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "training loss became nan by step 1 " in lines[0] and "train.lr" in lines[0], err
     assert not (work / "models/fold-0").exists()
+
+
+def test_lr_auto_gives_a_decoder_with_lora_the_lora_rate(prepared, tmp_path):
+    """train.lr auto on a tiny decoder with LoRA: the LoRA paper's 5e-4 for a model under 1B, said in the
+    log and reached by the schedule (dvclive's learning_rate curve peaks there after the warmup)."""
+    project, _ = prepared
+    work = tmp_path / "project"
+    shutil.copytree(project, work)
+    set_params(work, model__name=str(build("qwen2", tmp_path / "qwen2")), train__lora_rank=4, train__lr="auto")
+    run_ok(work, "stages.tokenize")
+    out = run_ok(work, "stages.train", "--fold", "0")
+    assert "train.lr auto: 0.0005 for a model of 0.1M parameters with LoRA" in out, out
+    curve = pd.read_csv(work / "reports/train/fold-0/plots/metrics/learning_rate.tsv", sep="\t")
+    assert 4e-4 <= curve["learning_rate"].max() <= 5e-4, curve
+
+
+@pytest.mark.parametrize("config, lora, rate", [
+    ("MiniLM-L6-H384", False, 1e-4),                 # 22.7M weights: the default run's rate
+    ("bert-base", False, 3e-5),                      # 109M: BERT's 2e-5 to 5e-5
+    ("deberta-v3-large", False, 1e-5),              # 435M: DeBERTa-v3's 5e-6 to 1e-5
+    ("roberta-base", True, 5e-4),                    # 125M with LoRA: the LoRA paper's 5e-4
+    ("Qwen2.5-7B", True, 2e-4),                      # 7.1B with LoRA: QLoRA's 2e-4 for 7B-13B
+])
+def test_lr_auto_follows_the_published_rates_for_real_model_sizes(config, lora, rate):
+    """The real configs' sizes, counted on the meta device (no weights), against the rates the papers
+    trained models of that size with."""
+    from transformers import AutoModelForSequenceClassification, BertConfig, DebertaV2Config, Qwen2Config, RobertaConfig
+
+    from training.learning_rate import auto_lr, weights
+
+    configs = {
+        "MiniLM-L6-H384": BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
+        "bert-base": BertConfig(),
+        "deberta-v3-large": DebertaV2Config(vocab_size=128100, hidden_size=1024, num_hidden_layers=24,
+                                            num_attention_heads=16, intermediate_size=4096, relative_attention=True,
+                                            position_buckets=256, norm_rel_ebd="layer_norm", share_att_key=True,
+                                            pos_att_type=["p2c", "c2p"], max_relative_positions=-1,
+                                            position_biased_input=False, type_vocab_size=0, pooler_hidden_size=1024),
+        "roberta-base": RobertaConfig(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1),
+        "Qwen2.5-7B": Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                                  num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
+    }
+    with torch.device("meta"):
+        model = AutoModelForSequenceClassification.from_config(configs[config])
+    assert auto_lr(weights(model), lora) == rate
+
+
+def test_a_decoder_teachers_fold_distilled_into_an_encoder_of_another_vocabulary(prepared, tmp_path):
+    """The LMSYS pattern: a decoder (Qwen2, byte-level BPE) trained as the teacher, a BERT (WordPiece) student
+    of its first layer learning its out-of-fold outputs from the texts tokenized by its own tokenizer; the
+    student's test outputs are what transformers computes from its saved folder, and python -m predict
+    --student reads new texts with the student's tokenizer."""
+    project, source = prepared
+    work = tmp_path / "project"
+    shutil.copytree(project, work)
+    student = build("bert", tmp_path / "bert")
+    set_params(work, model__name=str(build("qwen2", tmp_path / "qwen2")),
+               distill__students={"small": {"model": str(student), "layers": 1}}, distill__epochs=1)
+    for stage, *args in (("stages.tokenize",), ("stages.train", "--fold", "0"), ("stages.predict_test",)):
+        run_ok(work, stage, *args)
+    out = run_ok(work, "stages.distill", "--student", "small")
+    assert "the texts tokenized again by its own" in out and "learning the out-of-fold outputs of 12 training texts" in out, out
+    folder = work / "students/distill/small/model"
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "bert"
+    test = pd.read_csv(source / "test.csv", dtype=str, keep_default_na=False)
+    expected, _ = by_transformers(folder, test, pairs=True)
+    np.testing.assert_allclose(pd.read_csv(work / "students/distill/small/predictions/test.csv")
+                               .drop(columns="row").to_numpy(), expected, atol=1e-4)
+    test.drop(columns="label").to_csv(work / "new.csv", index=False)
+    run_ok(work, "predict", "new.csv", "--out", "predicted.csv", "--probabilities", "probabilities.csv",
+           "--student", "small")
+    np.testing.assert_allclose(pd.read_csv(work / "probabilities.csv")[sorted(set(test["label"]))].to_numpy(),
+                               expected, atol=1e-4)

@@ -152,7 +152,7 @@ def test_a_value_out_of_range_stops_the_stage_with_one_line(runs, key, value):
 
 def test_the_error_says_what_is_allowed(tmp_path):
     assert run_stage_with(tmp_path, "train.lr", 0).stderr == (
-        "error: params.yaml: train.lr must be a number above 0 and at most 1, not 0\n")
+        "error: params.yaml: train.lr must be a number above 0 and at most 1 or 'auto', not 0\n")
     assert run_stage_with(tmp_path, "tokenize.max_length", "longest").stderr == (
         "error: params.yaml: tokenize.max_length must be a whole number at least 2 or 'auto', not 'longest'\n")
     assert run_stage_with(tmp_path, "preprocess.steps", ["lowercase", "shout"]).stderr == (

@@ -583,6 +583,9 @@ def test_predict_on_a_three_fold_run_gives_the_mean_of_its_folds(shape, request)
         probabilities = made["k3"].parent / "k3-probabilities.csv"
         predicted, result = predict(made["k3"], test.drop(columns="label"), "--probabilities", str(probabilities))
         assert "with 3 fold(s)" in result.stdout
+        # before the other folds: the first one's speed and the time the other two will take
+        said = re.search(r"fold-0: ([\d,.]+) rows/s; the other 2 models take about (\d+) s more", result.stdout)
+        assert said and abs(int(said[2]) - 2 * len(test) / float(said[1].replace(",", ""))) <= 1, result.stdout
         assert predicted["label"].tolist() == submission["label"].tolist()
         mine = pd.read_csv(probabilities, dtype={"id": str})[["both", "neither", "one"]].to_numpy()
     else:

@@ -35,6 +35,7 @@ from tasks.shapes import competition_metric
 from training import best, checkpoint, lora, lowmemory, pruning, techniques
 from training.arguments import training_arguments
 from training.batch_size import out_of_memory_in_training, use_expandable_segments
+from training.learning_rate import learning_rate
 from training.processes import agreed_batch_size, join_processes
 from training.progress import LiveCallback, ProgressLog, open_live
 from training.rows import TokenizedDataset, standardised
@@ -92,6 +93,7 @@ def train(job, rows, params, machine, task_metric):
     use_expandable_segments()
     check_compiler(params["compile"], device)
     loaded = load(job, rows, params, device, world_size, rank == 0, say)
+    params = {**params, "lr": learning_rate(params["lr"], loaded.model, params["lora_rank"], say)}
     trainer, watch = make_trainer(job, loaded, rows, params, machine, task_metric, rank == 0, say)
     fit(trainer, watch, job, loaded, rank == 0, say)
     return write_outputs(job, loaded, rows, trainer, watch, say) if rank == 0 else None

@@ -10,7 +10,7 @@ from training.processes import per_process_batch
 
 # what each train.* key accepts; load_params turns anything else into a one-line error
 TRAIN_PARAMS = {"epochs": (float, Range(0, low_open=True)), "batch_size": (int, "auto", Range(1)),
-                "effective_batch_size": (int, Range(1)), "lr": (float, Range(0, 1, low_open=True)),
+                "effective_batch_size": (int, Range(1)), "lr": (float, "auto", Range(0, 1, low_open=True)),
                 "weight_decay": (float, Range(0, 1)), "warmup_ratio": (float, Range(0, 1, high_open=True)),
                 "max_grad_norm": (float, Range(0)), "seed": (int, SEEDS), "group_by_length": (bool,),
                 "mixed_precision": (bool,), "tf32": (bool,), "fused_adamw": (bool,), "compile": (bool,),

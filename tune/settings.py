@@ -14,6 +14,7 @@ from pipeline.command import redact
 from pipeline.settings import PARAMS_FILE, SEEDS, PipelineError, Range, check_kind, load_params
 from tasks.scores import LOWER_IS_BETTER
 from tasks.shapes import SHAPES, headline, task_params
+from training.learning_rate import AUTO
 from training.pruning import PRUNERS
 
 TUNING = Path("tuning")  # the studies' database, trial logs, reports and blends; ignored by git and DVC
@@ -98,7 +99,8 @@ def parse_dimension(key, spec, params):
         if len(set(map(repr, choices))) < len(choices):
             raise PipelineError(f"{where}: choices {choices!r} repeat a value")
         return Dimension(key, choices=tuple(check_kind(c, kinds, f"{where}: choice") for c in choices))
-    low, high = (as_written(spec[b], check_kind(spec[b], kinds, f"{where}: {b}")) for b in ("low", "high"))
+    numeric = tuple(kind for kind in kinds if not isinstance(kind, str))  # a range's bounds are numbers, never auto
+    low, high = (as_written(spec[b], check_kind(spec[b], numeric, f"{where}: {b}")) for b in ("low", "high"))
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)):
         raise PipelineError(f"{where}: low and high must be numbers; for other values use choices")
     if not low < high:
@@ -230,7 +232,14 @@ def current_values(space, path=PARAMS_FILE):
     """The values params.yaml holds now for each searched key."""
     with open(path, encoding="utf-8") as f:
         params = yaml.safe_load(f)
-    return {key: params[key.split(".")[0]][key.split(".", 1)[1]] for key in space}
+    values = {key: params[key.split(".")[0]][key.split(".", 1)[1]] for key in space}
+    if values.get("train.lr") == AUTO:  # the number auto picks for this model, as the train stage will
+        from training.learning_rate import auto_lr, weights_of
+
+        model = params["model"]
+        values["train.lr"] = auto_lr(weights_of(model["name"], model.get("trust_remote_code", False)),
+                                     params["train"].get("lora_rank", 0) > 0)
+    return values
 
 
 def finite(value):
