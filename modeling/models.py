@@ -123,12 +123,13 @@ def layer_setting(model_source, layers):
 
 
 def load_model(model_source, labels, trust_remote_code=False, dropout="model", freeze_embeddings=False,
-               shape=SHAPES["classification"], layers=None):
+               shape=SHAPES["classification"], layers=None, loading=None):
     """The tokenizer, and the model with a new head for labels and the task shape (seed first): its
     number of outputs, and problem_type, from which transformers' models compute their loss. dropout: a
     probability for every dropout of the model, or "model" for the ones its config has;
     freeze_embeddings: the token-embedding matrix is not trained. layers: keep only the first `layers` encoder
-    layers (a smaller student of the same model: from_pretrained leaves the weights of the others unused)."""
+    layers (a smaller student of the same model: from_pretrained leaves the weights of the others unused).
+    loading: more from_pretrained arguments (train.load_in_4bit's quantization, training/qlora.py)."""
     tokenizer = pad_token_for(AutoTokenizer.from_pretrained(model_source, trust_remote_code=trust_remote_code),
                               model_source)
     outputs = shape.outputs(labels)
@@ -142,7 +143,8 @@ def load_model(model_source, labels, trust_remote_code=False, dropout="model", f
     # transformers prints a table listing the classifier head as MISSING: that is expected for
     # a fresh head, so say it in one line instead
     transformers.logging.set_verbosity_error()
-    model = MODEL_CLASS.from_pretrained(model_source, config=config, trust_remote_code=trust_remote_code)
+    model = MODEL_CLASS.from_pretrained(model_source, config=config, trust_remote_code=trust_remote_code,
+                                        **(loading or {}))
     transformers.logging.set_verbosity_warning()
     if freeze_embeddings:
         model.get_input_embeddings().weight.requires_grad_(False)

@@ -1,6 +1,7 @@
 """How a stage or tool runs as a command: run_main turns a PipelineError into one line on stderr with
 credentials masked (redact), and says what the stage wrote and how long it took; whether a person
 watches (interactive)."""
+import logging
 import os
 import re
 import sys
@@ -9,6 +10,11 @@ from pathlib import Path
 
 from pipeline.outputs import size_of
 from pipeline.settings import PipelineError
+
+# bitsandbytes (train.load_in_4bit), which transformers' Trainer imports wherever it is installed, warns at
+# import on a CPU with AVX512-BF16 that it cannot download an optional hub kernel, in every stage that trains;
+# it falls back to its own kernels. Every command imports this module before anything imports bitsandbytes.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 URL_USERINFO_RE = re.compile(r"(?<=://)[^/\s@]+@")
 

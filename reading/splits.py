@@ -9,10 +9,9 @@ import torch
 from pipeline.settings import PipelineError
 from reading.csvfiles import read_csv_chunks
 from reading.tokens import CHUNK, cut_flat, encode_flat, model_inputs, packed, truncate_flat
-from tasks.shapes import SHAPES
 
 
-def encode_csv(tokenizer, path, label_list, shape=SHAPES["classification"], types=False):
+def encode_csv(tokenizer, path, label_list, shape, types=False):
     """(flat token ids, lengths, labels as the shape encodes them) of a processed CSV, read and tokenized
     CHUNK rows at a time: neither the file nor its texts are ever in memory at once."""
     labels = []

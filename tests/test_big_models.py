@@ -21,8 +21,8 @@ from tests.test_pipeline import REPO, settle, stage_env
 from training import lora, lowmemory
 
 TEXTS = ["the flight was awful", "great crew and wonderful food", "the meeting is on tuesday", "love it"]
-OFF = {"gradient_checkpointing": False, "lora_rank": 0, "lora_alpha": 16, "lora_modules": lora.ALL_LINEAR,
-       "fused_adamw": False, "adamw_8bit": False}
+OFF = {"gradient_checkpointing": False, "load_in_4bit": False, "lora_rank": 0, "lora_alpha": 16,
+       "lora_modules": lora.ALL_LINEAR, "fused_adamw": False, "adamw_8bit": False}
 
 
 def tiny(tiny_model_dir, seed=0):

@@ -228,3 +228,37 @@ def test_a_decoder_teachers_fold_distilled_into_an_encoder_of_another_vocabulary
            "--student", "small")
     np.testing.assert_allclose(pd.read_csv(work / "probabilities.csv")[sorted(set(test["label"]))].to_numpy(),
                                expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_a_decoder_trains_with_qlora_and_saves_the_model_it_trained(prepared, tmp_path, family):
+    """train.load_in_4bit on a CPU (bitsandbytes' 4-bit layers run there too): the linear layers trained
+    through 4-bit NF4 weights, the saved model plain (float32, no quantization in its config) and computing
+    what the quantized, adapted model computed in training: the validation rows' out-of-fold outputs, which
+    the 4-bit model wrote, are what transformers computes from the saved folder."""
+    project, _ = prepared
+    work = tmp_path / "project"
+    shutil.copytree(project, work)
+    set_params(work, model__name=str(build(family, tmp_path / family)), train__lora_rank=4, train__load_in_4bit=True,
+               preprocess__text_pair_column=None)
+    for stage, *args in (("stages.preprocess",), ("stages.split",), ("stages.tokenize",)):
+        run_ok(work, stage, *args)
+    out = run_ok(work, "stages.train", "--fold", "0")
+    assert "train.load_in_4bit: the pretrained linear layers' weights in 4-bit NF4 (bitsandbytes), computed in float32" in out
+    config = json.loads((work / "models/fold-0/config.json").read_text())
+    assert "quantization_config" not in config
+    oof = pd.read_csv(work / "predictions/fold-0/oof.csv", index_col="row")
+    rows = pd.read_csv(work / "data/processed/train.csv", dtype=str, keep_default_na=False).iloc[oof.index]
+    expected, _ = by_transformers(work / "models/fold-0", rows.rename(columns={"text": "premise"}), pairs=False)
+    np.testing.assert_allclose(oof.to_numpy(), expected, atol=1e-4)
+
+
+def test_qlora_without_lora_is_one_line_before_any_work(prepared, tmp_path):
+    project, _ = prepared
+    work = tmp_path / "project"
+    shutil.copytree(project, work)
+    set_params(work, train__load_in_4bit=True, train__lora_rank=0)
+    code, _, err = forked(work, "stages.train", "--fold", "0")
+    assert code == 1 and err.strip().splitlines() == [
+        "error: params.yaml: train.load_in_4bit needs train.lora_rank above 0 (4-bit weights are frozen; LoRA's "
+        "adapters are what trains): set train.lora_rank: 16"], err

@@ -49,7 +49,7 @@ BAD_VALUES = {
     "train.num_processes": [0], "train.dropout": [1, -0.1, "none"],
     "train.evaluations": [0, "epochs"], "train.compile": [1, "auto"],
     "train.patience": [0, 1.5, "auto"], "train.lora_rank": [-1, 1.5, "auto"], "train.lora_alpha": [0, -1],
-    "train.lora_modules": ["query", [], [5]],
+    "train.lora_modules": ["query", [], [5]], "train.load_in_4bit": ["yes", 4, None],
     "train.layer_lr_decay": [0, 1.5], "train.head_lr_multiple": [0, 2000], "train.reinit_layers": [-1, 1.5],
     "train.averaging": ["mean"], "train.average_decay": [1, -0.1], "train.average_from": [1, -0.1],
     "train.adversarial": ["pgd"], "train.adversarial_from": [-1], "train.fgm_epsilon": [0], "train.awp_lr": [0],

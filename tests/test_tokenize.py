@@ -49,16 +49,17 @@ def test_chunked_flat_tokenizing_writes_the_bytes_of_one_list_per_text(tokenizer
 def test_a_processed_csv_is_tokenized_in_chunks_as_a_list_would_be(tokenizer, tmp_path, monkeypatch):
     import pandas as pd
 
+    from reading import splits
     from reading.csvfiles import write_csv
-    from stages import tokenize
+    from reading.tokens import packed, truncate_flat
+    from tasks.shapes import SHAPES
 
     texts = ["a, \"quoted\" text", "two\nlines", "long " * 30, "", "NA"] * 7
     labels = ["b", "a", "b", "a", "a"] * 7
     write_csv(pd.DataFrame({"text": texts, "label": labels}), tmp_path / "train.csv")
-    monkeypatch.setattr(tokenize, "CHUNK", 4)  # rows read and tokenized at a time
-    flat, lengths, label_list = tokenize.encode_csv(tokenizer, tmp_path / "train.csv", ["a", "b"])
-    cut, cut_lengths = tokenize.truncate_flat(tokenizer, flat, lengths, 16,
-                                              lambda rows: tokenize.texts_at(tmp_path / "train.csv", rows))
+    monkeypatch.setattr(splits, "CHUNK", 4)  # rows read and tokenized at a time
+    flat, lengths, label_list = splits.encode_csv(tokenizer, tmp_path / "train.csv", ["a", "b"], SHAPES["classification"])
+    cut, cut_lengths = truncate_flat(tokenizer, flat, lengths, 16, lambda rows: splits.texts_at(tmp_path / "train.csv", rows))
     ids, full = tokenize_texts(tokenizer, texts, 16)
     assert lengths.tolist() == full and label_list == [["a", "b"].index(y) for y in labels]
-    assert unpack_sequences(tokenize.packed(cut, cut_lengths, label_list))[0] == ids
+    assert unpack_sequences(packed(cut, cut_lengths, label_list))[0] == ids

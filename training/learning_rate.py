@@ -20,8 +20,10 @@ def auto_lr(parameters, lora):
 
 
 def weights(model):
-    """The model's own parameters (LoRA's adapters, a few percent, not counted)."""
-    return sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)
+    """The model's own parameters (LoRA's adapters, a few percent, not counted; a 4-bit weight, stored
+    two to a byte, counted as the weights it holds)."""
+    return sum(p.quant_state.shape.numel() if getattr(p, "quant_state", None) is not None else p.numel()
+               for name, p in model.named_parameters() if "lora_" not in name)
 
 
 def weights_of(model_name, trust_remote_code=False):

@@ -10,6 +10,7 @@ model: predict_test and python -m predict load it as any other fold. A checkpoin
 and the head only (PEFT's save_pretrained), which Trainer loads back into the wrapped model on resume.
 """
 from pipeline.settings import PipelineError
+from training import qlora
 
 ALL_LINEAR = "all-linear"
 
@@ -78,4 +79,6 @@ def trainable_line(model):
 def merged(model):
     """The plain model to save: LoRA's updates added into the weights it adapts, the trained head in
     place (PEFT's merge_and_unload); a model without adapters as it is."""
+    if is_wrapped(model) and qlora.is_4bit(model):
+        return qlora.dequantized_merge(model)  # not quantized again after the merge
     return model.merge_and_unload() if is_wrapped(model) else model

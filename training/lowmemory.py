@@ -18,7 +18,7 @@ import math
 import torch
 
 from pipeline.settings import PipelineError
-from training import lora
+from training import lora, qlora
 
 # bitsandbytes keeps 32-bit moments for a tensor of fewer elements than this (its min_8bit_size), and,
 # through Trainer, for embedding matrices; 8-bit moments come with one fp32 scale per block of 256
@@ -59,6 +59,10 @@ def adamw_state_bytes(model, eight_bit=False):
 def prepare(model, params, device, say=print):
     """The model to train with train.gradient_checkpointing and train.lora_* applied (LoRA wraps it),
     each named in the log; and the line for train.adamw_8bit."""
+    if params["load_in_4bit"]:
+        model = qlora.prepare(model)
+        say(f"train.load_in_4bit: the pretrained linear layers' weights in 4-bit NF4 (bitsandbytes), computed in "
+            f"{str(model.config.quantization_config.bnb_4bit_compute_dtype).removeprefix('torch.')}")
     if params["gradient_checkpointing"]:
         kwargs = {"use_reentrant": False}  # works with frozen embeddings, whose output needs no gradient
         if hasattr(model, "activation_checkpointing_enable"):  # its name from transformers 5.2x on

@@ -32,7 +32,7 @@ from predicting import folds
 from predicting.inference import PIPELINE
 from reading import windows
 from tasks.shapes import competition_metric
-from training import best, checkpoint, lora, lowmemory, pruning, techniques
+from training import best, checkpoint, lora, lowmemory, pruning, qlora, techniques
 from training.arguments import training_arguments
 from training.batch_size import out_of_memory_in_training, use_expandable_segments
 from training.learning_rate import learning_rate
@@ -103,8 +103,9 @@ def load(job, rows, params, device, world_size, main_process, say):
     """The model and its rows, the batch that fits and the precision, each said in the log."""
     set_seed(params["seed"])  # before the model is built: seeds the new classifier head
     shape, labels = job.data.shape, job.data.labels
+    four_bit = qlora.loading(autocast_dtype(params["mixed_precision"], device), device) if params["load_in_4bit"] else None
     tokenizer, model = load_model(job.start, labels, job.trust_remote_code, params["dropout"],
-                                  params["freeze_embeddings"], shape, job.keep_layers)
+                                  params["freeze_embeddings"], shape, job.keep_layers, four_bit)
     if main_process:  # a checkpoint that cannot be saved must stop the run now, not after an hour
         checkpoint.check_writable(job.out["checkpoints"].parent, checkpoint.checkpoint_bytes(model))
     say(f"loaded {job.start}" + (f" (its first {job.keep_layers} layers)" if job.keep_layers else "") +

@@ -4,7 +4,7 @@ import argparse
 
 from pipeline.settings import SEEDS, Range, load_params
 from tasks.shapes import SHAPES, TASK_PARAMS
-from training import lora, losses, techniques
+from training import lora, losses, qlora, techniques
 from training.batch_size import check_batch_size
 from training.processes import per_process_batch
 
@@ -18,7 +18,7 @@ TRAIN_PARAMS = {"epochs": (float, Range(0, low_open=True)), "batch_size": (int, 
                 "freeze_embeddings": (bool,), "num_processes": (int, Range(1)), "evaluations": (int, "epoch", Range(1)),
                 "keep_best": (bool,), "patience": (int, None, Range(1)), "gradient_checkpointing": (bool,),
                 "lora_rank": (int, Range(0)), "lora_alpha": (float, Range(0, low_open=True)),
-                "lora_modules": (lora.ALL_LINEAR, list), "adamw_8bit": (bool,), "loss": ("auto", *losses.LOSSES),
+                "lora_modules": (lora.ALL_LINEAR, list), "load_in_4bit": (bool,), "adamw_8bit": (bool,), "loss": ("auto", *losses.LOSSES),
                 **techniques.TECHNIQUE_PARAMS}
 
 # what each machine.* key accepts; the train, pseudo, distill and pretrain stages read the section
@@ -38,6 +38,7 @@ def train_settings():
     machine = load_params("machine", MACHINE_PARAMS)
     task = load_params("task", TASK_PARAMS)
     lora.check_modules(params["lora_modules"])
+    qlora.check(params)
     techniques.loss_name(params, task["kind"], SHAPES[task["kind"]].loss)
     check_batch_size(params["batch_size"], per_process_batch(params["effective_batch_size"], params["num_processes"]))
     return params, machine, task["metric"]  # train.keep_best and train.patience go by task.metric
