@@ -7,6 +7,8 @@
     python -m bench.big_models --memory     # what a training step holds for bert-base/large-sized models:
                                             # weights, gradients, AdamW's state (counted), activations
                                             # (counted on this CPU at one 512-token text)
+    python -m bench.big_models --decoders   # the same for the 2025 winners' models with LoRA and QLoRA:
+                                            # Qwen2.5-1.5B/7B, Gemma-2-9B, DeBERTa-v3-large, ModernBERT-large
 
 Rows of one table run interleaved (each setting for half its steps, then again in reverse order), so a
 change in the machine's load affects them alike.
@@ -17,7 +19,8 @@ import tempfile
 
 import numpy as np
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig
+from transformers import (AutoModelForSequenceClassification, AutoTokenizer, BertConfig, DebertaV2Config, Gemma2Config,
+                          ModernBertConfig, Qwen2Config)
 
 from bench.common import dataset, load_corpus, minilm_model
 from bench.training import train_as_the_stage
@@ -159,6 +162,82 @@ def memory(tokens):
         del model
 
 
+BIG = {  # the published configs' sizes (their config.json on the hub), randomly initialised: no download
+    "Qwen2.5-1.5B": lambda **k: Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_attention_heads=12,
+                                           num_key_value_heads=2, tie_word_embeddings=True, **k),
+    "Qwen2.5-7B": lambda **k: Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_attention_heads=28,
+                                         num_key_value_heads=4, tie_word_embeddings=False, **k),
+    "Gemma-2-9B": lambda **k: Gemma2Config(vocab_size=256000, hidden_size=3584, intermediate_size=14336, num_attention_heads=16,
+                                          num_key_value_heads=8, head_dim=256, **k),
+    "DeBERTa-v3-large": lambda **k: DebertaV2Config(vocab_size=128100, hidden_size=1024, num_attention_heads=16,
+                                                    intermediate_size=4096, relative_attention=True, position_buckets=256,
+                                                    norm_rel_ebd="layer_norm", share_att_key=True, pos_att_type=["p2c", "c2p"],
+                                                    max_relative_positions=-1, position_biased_input=False, type_vocab_size=0,
+                                                    pooler_hidden_size=1024, **k),
+    "ModernBERT-large": lambda **k: ModernBertConfig(vocab_size=50368, hidden_size=1024, intermediate_size=2624,
+                                                     num_attention_heads=16, **k),
+}
+LAYERS = {"Qwen2.5-1.5B": 28, "Qwen2.5-7B": 28, "Gemma-2-9B": 42, "DeBERTa-v3-large": 24, "ModernBERT-large": 28}
+
+
+def layer_list(model):
+    """The model's stack of transformer layers (encoder.layer, layers)."""
+    return max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len)
+
+
+def kept_bytes(model, tokens, checkpointing):
+    """Bytes autograd keeps for the backward pass of one text of `tokens` tokens in bf16 autocast (saved-tensor
+    hooks, each storage once, weights not counted); with checkpointing, what it keeps is each layer's input
+    plus one layer's own activations while that layer is recomputed."""
+    model.train()
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    ids = torch.full((1, tokens), 100)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float().sum()
+    del out
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return sum(n for ptr, n in storages.items() if ptr not in weights)
+
+
+def decoders(tokens, rank=16):
+    """The table in docs/big-models.md: exact weight and optimizer bytes from each config (meta device), and the
+    activations of one text counted on models of 1 and 2 layers of that config, scaled to its layers."""
+    gb = 2**30
+    print(f"GiB. QLoRA: linear weights of the layers in 4-bit NF4 with double-quantized scales (0.5 + 0.127/8 "
+          f"bytes), every other weight fp32 (PEFT's preparation). LoRA r {rank} all-linear: adapters and head, their "
+          f"gradients and AdamW's two moments (16 bytes each). Activations: one text of {tokens} tokens, bf16 autocast.")
+    print("| model | weights fp32 | QLoRA weights | LoRA state | activations per text: plain | with gradient checkpointing |")
+    print("|---|---|---|---|---|---|")
+    for name, make in BIG.items():
+        with torch.device("meta"):
+            model = AutoModelForSequenceClassification.from_config(make(num_hidden_layers=LAYERS[name], num_labels=3))
+        total = sum(p.numel() for p in model.parameters())
+        targets = lora.target_modules(model, lora.ALL_LINEAR)
+        modules = dict(model.named_modules())
+        linear = sum(modules[t].weight.numel() for t in targets)
+        head = sum(p.numel() for n in lora.head_modules(model) for p in getattr(model, n).parameters())
+        adapters = sum(rank * (modules[t].in_features + modules[t].out_features) for t in targets)
+        qlora_weights = linear * (0.5 + 0.127 / 8) + 4 * (total - linear)
+        per = {}
+        for layers in (1, 2):  # a layer's activations are the same in every layer: two models give them
+            torch.manual_seed(0)
+            small = AutoModelForSequenceClassification.from_config(make(num_hidden_layers=layers, num_labels=3, pad_token_id=0))
+            small = lora.wrap(small, rank, 2 * rank, lora.ALL_LINEAR)
+            per[layers] = kept_bytes(small, tokens, False)
+            inputs = tokens * small.config.hidden_size * 4  # a layer's input, the fp32 residual stream
+            del small
+        layer = per[2] - per[1]
+        plain = per[1] + (LAYERS[name] - 1) * layer
+        checkpointed = (per[1] - layer) + LAYERS[name] * inputs + layer
+        print(f"| {name} ({total / 1e9:.2f}B) | {4 * total / gb:.2f} | {qlora_weights / gb:.2f} | "
+              f"{16 * (adapters + head) / gb:.3f} | {plain / gb:.2f} | {checkpointed / gb:.2f} |", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(prog="python -m bench.big_models", description=__doc__.splitlines()[0])
     parser.add_argument("--speed", action="store_true")
@@ -166,7 +245,8 @@ def main():
     parser.add_argument("--f1", type=int, metavar="ROWS", help="train on this many tweets, score on 1000 others")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--memory", action="store_true")
-    parser.add_argument("--tokens", type=int, default=512, help="--memory: the text's length")
+    parser.add_argument("--tokens", type=int, default=512, help="--memory, --decoders: the text's length")
+    parser.add_argument("--decoders", action="store_true")
     args = parser.parse_args()
     params = load_params("train", TRAIN_PARAMS)
     load_params("machine", MACHINE_PARAMS)
@@ -176,6 +256,8 @@ def main():
         f1(params, args.f1, args.seeds)
     if args.memory:
         memory(args.tokens)
+    if args.decoders:
+        decoders(args.tokens)
 
 
 if __name__ == "__main__":
