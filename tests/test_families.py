@@ -262,3 +262,21 @@ def test_qlora_without_lora_is_one_line_before_any_work(prepared, tmp_path):
     assert code == 1 and err.strip().splitlines() == [
         "error: params.yaml: train.load_in_4bit needs train.lora_rank above 0 (4-bit weights are frozen; LoRA's "
         "adapters are what trains): set train.lora_rank: 16"], err
+
+
+def test_a_nan_loss_in_float16_names_the_precision_settings():
+    """Gemma in fp16 on a T4 (no bf16 there): the line names train.mixed_precision and the GPUs with bf16,
+    not the learning rate."""
+    from transformers import TrainerState
+
+    from pipeline.settings import PipelineError
+    from training.trainer import FiniteLoss
+
+    state = TrainerState(global_step=40, max_steps=100, logging_steps=2)
+    FiniteLoss(torch.float16, 2e-4).on_log(None, state, None, logs={"loss": 0.7})  # a finite loss goes on
+    with pytest.raises(PipelineError) as raised:
+        FiniteLoss(torch.float16, 2e-4).on_log(None, state, None, logs={"loss": float("inf")})
+    assert str(raised.value) == (
+        "the training loss became inf by step 40 of 100 in float16: the model overflows float16 (Gemma does); set "
+        "train.mixed_precision: false (float32), or train on a GPU with bfloat16 (compute capability 8.0 or more: "
+        "A100, L4, H100)")
