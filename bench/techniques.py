@@ -32,6 +32,7 @@ from pipeline.settings import load_params
 from tasks.shapes import SHAPES
 from training import techniques
 from training.arguments import training_arguments
+from training.learning_rate import learning_rate
 from training.rows import TokenizedDataset
 from training.settings import TRAIN_PARAMS
 from training.speed import Throughput
@@ -72,6 +73,7 @@ def run(settings, base, seed, tokenizer_source, data, classes):
     val_rows = sorted(val_rows, key=lambda i: len(sequences[i]))
     val_set = TokenizedDataset.rows(sequences, labels, val_rows)
     with tempfile.TemporaryDirectory() as folder:
+        params = {**params, "lr": learning_rate(params["lr"], model, params["lora_rank"], say=lambda *_: None)}
         args = training_arguments(params, NO_CHECKPOINTS, folder, "cpu", params["effective_batch_size"], 1)
         extra, callbacks = techniques.plug_in(params, model, args, shape, classes,
                                               [labels[i] for i in train_rows], say=lambda *a: None)

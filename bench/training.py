@@ -27,6 +27,7 @@ from modeling.models import make_collator
 from modeling.precision import attention_in_fp32, autocast_dtype, in_fp32
 from training.arguments import training_arguments
 from training.batch_size import pick_batch_size
+from training.learning_rate import learning_rate
 from training.speed import Throughput, peak_memory
 from training.trainer import CountingTrainer, EveryShapeAtOnce
 
@@ -51,6 +52,7 @@ def as_the_stage(model, params, sequences, folder, device, fp32_attention=None, 
     shape with train.compile (EveryShapeAtOnce), the attention in fp32 where the stage puts it (a CPU in bf16:
     modeling/precision.py; fp32_attention True or False chooses instead). No checkpoints (their writing would
     be timed as training), no logging, no evaluation; `arguments`: TrainingArguments settings changed on top."""
+    params = {**params, "lr": learning_rate(params["lr"], model, params["lora_rank"], say=lambda *_: None)}
     batch, accumulation, seq_len = pick_batch_size(model, sequences, params["batch_size"],
                                                    params["effective_batch_size"], params["mixed_precision"], device,
                                                    params["adamw_8bit"])
@@ -104,7 +106,8 @@ def bench_training(make_model, tokenizer, data, params, device, steps, baseline_
     with tempfile.TemporaryDirectory() as folder:
         padded = dataset(folder, "baseline", baseline_sequences, labels)
         pad_128 = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=BASELINE_MAX_LENGTH)
-        usual = TrainingArguments(folder, per_device_train_batch_size=BASELINE_BATCH, learning_rate=params["lr"],
+        lr = learning_rate(params["lr"], make_model(), params["lora_rank"], say=lambda *_: None)
+        usual = TrainingArguments(folder, per_device_train_batch_size=BASELINE_BATCH, learning_rate=lr,
                                   save_strategy="no", seed=0, tf32=False if device == "cuda" else None,
                                   dataloader_pin_memory=device == "cuda", **QUIET)
         baseline = [run_steps(make_model(), usual, padded, pad_128, baseline_steps // 2, warmup)[0]]

@@ -46,7 +46,9 @@ def dataset_file(tmp_path, tokenizer, n):
 
 
 def train_params(**changes):
-    return {**load_params("train", TRAIN_PARAMS), **changes}
+    """params.yaml's train section, with the rate train.lr auto gives models of this size (in the stage,
+    train() picks it once the model is loaded)."""
+    return {**load_params("train", TRAIN_PARAMS), "lr": 1e-4, **changes}
 
 
 MACHINE = load_params("machine", MACHINE_PARAMS)
