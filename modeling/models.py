@@ -3,6 +3,7 @@ save_pretrained; or a Hugging Face hub id, checked at once with one request inst
 minute of retries), the model section of params.yaml, and the one place its class is chosen
 (MODEL_CLASS): loaded with a new head for the task shape to train, and from a trained folder to predict."""
 import importlib.util
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -32,6 +33,19 @@ def model_params():
         print(f"warning: model.trust_remote_code is true: loading {params['name']!r} may run Python "
               "code that comes with it; keep it false unless you trust that code")
     return params
+
+
+@contextmanager
+def remote_code_named(name):
+    """transformers' error for a model that ships its own Python code, loaded without model.trust_remote_code,
+    as one line naming the setting."""
+    try:
+        yield
+    except ValueError as e:
+        if "trust_remote_code=True" not in str(e):
+            raise
+        raise PipelineError(f"model.name {name!r} comes with its own Python code (config.json's auto_map): set "
+                            "model.trust_remote_code: true if you trust its authors, or pick another model") from None
 
 
 def dropout_settings(config, dropout):
@@ -151,9 +165,11 @@ def load_model(model_source, labels, trust_remote_code=False, dropout="model", f
     return tokenizer, model
 
 
-def load_trained(folder):
-    """(tokenizer, model) of a folder the train stage wrote (save_pretrained of MODEL_CLASS)."""
-    return pad_token_for(AutoTokenizer.from_pretrained(folder), str(folder)), MODEL_CLASS.from_pretrained(folder)
+def load_trained(folder, trust_remote_code=False):
+    """(tokenizer, model) of a folder the train stage wrote (save_pretrained of MODEL_CLASS); a model of remote
+    code (model.trust_remote_code) was saved with its Python files, which this runs."""
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    return pad_token_for(tokenizer, str(folder)), MODEL_CLASS.from_pretrained(folder, trust_remote_code=trust_remote_code)
 
 
 def make_collator(tokenizer, device):

@@ -87,7 +87,7 @@ def load_fold(folder, run, device):
 
     if not interactive():  # the bar of weights loaded: one endless line in a log
         transformers.utils.logging.disable_progress_bar()
-    tokenizer, model = load_trained(folder)
+    tokenizer, model = load_trained(folder, run.get("trust_remote_code", False))
     model.to(device)
     expected = SHAPES[run["kind"]].problem_type
     if model.config.problem_type != expected:

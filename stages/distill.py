@@ -12,7 +12,8 @@ outputs. It validates on nothing: evaluate scores it on a labelled test file bes
 single fold, and always reports how often it agrees with the ensemble.
 Writes students/distill/NAME/model (a model folder: `python -m predict FILE --out OUT --student NAME` uses
 it alone), students/distill/NAME/predictions/{test.csv, speed.json} (its test outputs; its rows/s against the ensemble's
-on the same rows, measured here one after the other) and reports/distill/NAME (its curves). Checkpoints
+on the same rows, measured here one after the other; with distill.test_rows also test_targets.csv, what it learned
+of the test rows) and reports/distill/NAME (its curves). Checkpoints
 into <machine.checkpoint_dir>/distill-NAME.
 """
 import argparse
@@ -182,10 +183,11 @@ def main():
     print(student_line)
     print(f"distill@{name}: learning the out-of-fold outputs of {len(texts_out):,} training texts"
           + ("" if k > 1 else " (one fold: only its validation rows have out-of-fold outputs)"))
+    learned_test = None  # the test texts' targets (distill.test_rows): the mean of every fold's test outputs
     if distill["test_rows"] and has_test:
         n = len(np.unique(test_texts))
-        mean = mean_test_probabilities([folds.read_probabilities(f, columns) for f in teacher_files], n)
-        rows = with_test_rows(rows, test_tensors, np.arange(n), mean, shape)
+        learned_test = mean_test_probabilities([folds.read_probabilities(f, columns) for f in teacher_files], n)
+        rows = with_test_rows(rows, test_tensors, np.arange(n), learned_test, shape)
         print(f"distill.test_rows: also the ensemble's outputs of the {n:,} test texts")
 
     def after(folder, tokenizer, trained, run):  # its test outputs, and its speed against the ensemble's
@@ -194,6 +196,9 @@ def main():
             predicted = fold_outputs(tokenizer, trained, run, test_sequences, test_types, device, texts=test_texts)
             folds.write_probabilities(folds.probabilities_frame(range(len(predicted)), predicted, columns),
                                       folder / "test.csv")
+        if learned_test is not None:  # what it learned of them, as pseudo's pseudo_labels.csv
+            folds.write_probabilities(folds.probabilities_frame(range(len(learned_test)), learned_test, columns),
+                                      folder / "test_targets.csv")
         sample = slice(0, distill["speed_rows"])  # the same rows through the student, then every teacher
         speed = speed_against_ensemble(tokenizer, trained, run, *rows_of(test_tensors, sample),
                                        *rows_of(teacher_tests, sample), device)

@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoTokenizer
 
 from modeling.families import takes_segment_ids
-from modeling.models import model_params, resolve_model
+from modeling.models import model_params, remote_code_named, resolve_model
 from pipeline.command import interactive, run_main
 from pipeline.outputs import atomic_dir, write_json
 from pipeline.settings import PipelineError, Range, load_params
@@ -71,10 +71,11 @@ def main():
     if not interactive():  # a download's progress bar: one endless line in a log
         transformers.utils.logging.disable_progress_bar()
     model_source = resolve_model(model_name)  # once: for a hub id it asks the hub
-    tokenizer = AutoTokenizer.from_pretrained(model_source, trust_remote_code=remote_code)
+    with remote_code_named(model_name):
+        tokenizer = AutoTokenizer.from_pretrained(model_source, trust_remote_code=remote_code)
+        config = AutoConfig.from_pretrained(model_source, trust_remote_code=remote_code)
     if not tokenizer.is_fast:
         raise PipelineError(f"model.name {model_name!r} has no fast tokenizer; pick a model that has one")
-    config = AutoConfig.from_pretrained(model_source, trust_remote_code=remote_code)
     limit = model_limit(tokenizer, config)
     if max_length != "auto" and max_length > limit:  # the model would fail on its first long batch
         raise PipelineError(f"params.yaml: tokenize.max_length {max_length} is more than model.name "

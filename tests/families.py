@@ -6,13 +6,14 @@ decoders Qwen2, whose tokenizer has a pad token but whose config has none, and L
 neither). The tokenizers are trained here on the words the test data uses, so every family reads them
 as whole tokens; the models are saved as their hub checkpoints are (an encoder with its masked-LM head,
 a decoder with its causal-LM head), for the pipeline to put its own head on."""
+import json
 from dataclasses import dataclass, field
 
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, BertConfig, DebertaV2Config, DistilBertConfig,
-                          ElectraConfig, Gemma2Config, LlamaConfig, ModernBertConfig, PreTrainedTokenizerFast,
-                          Qwen2Config, RobertaConfig, XLMRobertaConfig)
+                          ElectraConfig, Gemma2Config, Gemma3TextConfig, LlamaConfig, ModernBertConfig,
+                          PreTrainedTokenizerFast, Qwen2Config, Qwen3Config, RobertaConfig, XLMRobertaConfig)
 
 from tests.shape_data import FILLER, NEGATIVE, POSITIVE, TOPICS
 
@@ -70,6 +71,7 @@ class Family:
     tokenizer: object  # () -> (tokenizers.Tokenizer, {bos_token: ..., pad_token: ...})
     input_names: list = field(default_factory=lambda: ["input_ids", "attention_mask"])
     decoder: bool = False
+    remote_code: bool = False  # its classes are Python files in its folder, named by config.json's auto_map
 
 
 def bert_tokenizer():
@@ -151,7 +153,51 @@ FAMILIES = {f.name: f for f in [
                                                  bos_token_id=ids["<bos>"], eos_token_id=ids["<eos>"],
                                                  sliding_window=64, query_pre_attn_scalar=16, **DECODER_SIZE),
            gemma_tokenizer, decoder=True),
+    # Qwen3 (the MAP and Jigsaw winners' classifiers): Qwen2's tokenizer, q/k norms, an explicit head_dim
+    Family("qwen3", lambda ids, n: Qwen3Config(vocab_size=n, eos_token_id=ids["<|endoftext|>"], pad_token_id=None,
+                                               bos_token_id=None, head_dim=16, tie_word_embeddings=True,
+                                               **DECODER_SIZE), qwen_tokenizer, decoder=True),
+    # Gemma 3's text model: local and global attention layers, Gemma's tokenizer
+    Family("gemma3", lambda ids, n: Gemma3TextConfig(vocab_size=n, head_dim=16, pad_token_id=ids["<pad>"],
+                                                     bos_token_id=ids["<bos>"], eos_token_id=ids["<eos>"],
+                                                     sliding_window=16, sliding_window_pattern=2,
+                                                     query_pre_attn_scalar=16, **DECODER_SIZE),
+           gemma_tokenizer, decoder=True),
+    # a model whose classes ship as Python files beside its weights (model.trust_remote_code), a BERT inside
+    Family("remote-code", lambda ids, n: BertConfig(vocab_size=n, max_position_embeddings=128, **SIZE),
+           bert_tokenizer, ["input_ids", "token_type_ids", "attention_mask"], remote_code=True),
 ]}
+
+REMOTE_CONFIG = '''from transformers import BertConfig
+
+
+class TinyRemoteConfig(BertConfig):
+    model_type = "tiny-remote"
+'''
+REMOTE_MODELING = '''from transformers import BertForSequenceClassification, BertModel
+
+from .configuration_tiny_remote import TinyRemoteConfig
+
+
+class TinyRemoteModel(BertModel):
+    config_class = TinyRemoteConfig
+
+
+class TinyRemoteForSequenceClassification(BertForSequenceClassification):
+    config_class = TinyRemoteConfig
+'''
+
+
+def as_remote_code(folder):
+    """The BERT saved in `folder` made a model of remote code, as a hub repository with custom classes is:
+    its config names a model type transformers does not know and, in auto_map, the files that define it."""
+    (folder / "configuration_tiny_remote.py").write_text(REMOTE_CONFIG)
+    (folder / "modeling_tiny_remote.py").write_text(REMOTE_MODELING)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="tiny-remote", architectures=["TinyRemoteForSequenceClassification"], auto_map={
+        "AutoConfig": "configuration_tiny_remote.TinyRemoteConfig", "AutoModel": "modeling_tiny_remote.TinyRemoteModel",
+        "AutoModelForSequenceClassification": "modeling_tiny_remote.TinyRemoteForSequenceClassification"})
+    (folder / "config.json").write_text(json.dumps(config))
 
 
 def build(name, folder, seed=0):
@@ -164,4 +210,6 @@ def build(name, folder, seed=0):
     model = (AutoModelForCausalLM if family.decoder else AutoModelForMaskedLM).from_config(config)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    if family.remote_code:
+        as_remote_code(folder)
     return folder

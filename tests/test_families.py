@@ -82,7 +82,7 @@ def by_transformers(folder, test, pairs):
 
 def probabilities_to(folder, test, pairs):
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    model = AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True).eval()
     types = pairs and getattr(model.config, "type_vocab_size", 2) > 1 and "token_type_ids" in tokenizer.model_input_names
     outputs, tokens = [], 0
     with torch.inference_mode():
@@ -101,7 +101,7 @@ def run_family(prepared, tmp_path, family, pairs=True, lora_rank=0):
     work = tmp_path / "project"
     shutil.copytree(project, work)
     model = build(family, tmp_path / family)
-    set_params(work, model__name=str(model), train__lora_rank=lora_rank,
+    set_params(work, model__name=str(model), model__trust_remote_code=FAMILIES[family].remote_code, train__lora_rank=lora_rank,
                **({} if pairs else {"preprocess__text_pair_column": None}))
     if not pairs:  # single texts: preprocess again without the second column
         run_ok(work, "stages.preprocess")
@@ -262,6 +262,18 @@ def test_qlora_without_lora_is_one_line_before_any_work(prepared, tmp_path):
     assert code == 1 and err.strip().splitlines() == [
         "error: params.yaml: train.load_in_4bit needs train.lora_rank above 0 (4-bit weights are frozen; LoRA's "
         "adapters are what trains): set train.lora_rank: 16"], err
+
+
+def test_a_model_of_remote_code_without_trust_remote_code_is_one_line_naming_the_setting(prepared, tmp_path):
+    project, _ = prepared
+    work = tmp_path / "project"
+    shutil.copytree(project, work)
+    set_params(work, model__name=str(build("remote-code", tmp_path / "remote")), model__trust_remote_code=False)
+    code, _, err = forked(work, "stages.tokenize")
+    assert code == 1 and err.strip().splitlines() == [
+        f"error: model.name {str(tmp_path / 'remote')!r} comes with its own Python code (config.json's auto_map): set "
+        "model.trust_remote_code: true if you trust its authors, or pick another model"], err
+    assert not (work / "data/tokenized").exists()
 
 
 def test_a_nan_loss_in_float16_names_the_precision_settings():

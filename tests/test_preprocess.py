@@ -159,3 +159,16 @@ def test_only_korean_text_is_read_as_cp949():
     for western in ("été à la plage, déjà vu\n", "Grüße aus München\n", "naïve café\n"):
         assert korean_text(western.encode("cp1252")) is None, western
     assert korean_text(b"plain ascii\n") is None
+
+
+def test_western_capitals_that_decode_as_cp949_syllables_are_read_as_cp1252(tmp_path, capsys):
+    """An accented capital (0xC0-0xC6 in cp1252) and the plain letter after it are one of CP949's extra
+    syllables, so these names decode cleanly as CP949 (Åsa: 흒a); they are Western text all the same."""
+    western = "name,city\nÅsa Åberg,Älmhult\nÁGUA ÀS,Ávila\n"
+    data = western.encode("cp1252")
+    assert data.decode("cp949") == "name,city\n흒a 휻erg,훜mhult\n핯UA 픓,햢ila\n"
+    (tmp_path / "t.csv").write_bytes(data)
+    frame = read_csv(tmp_path / "t.csv")
+    assert frame["name"].tolist() == ["Åsa Åberg", "ÁGUA ÀS"] and frame["city"].tolist() == ["Älmhult", "Ávila"]
+    said = capsys.readouterr().out
+    assert "read as cp1252" in said and "CP949" not in said, said

@@ -21,7 +21,7 @@ from training.speed import tcmalloc_library
 CLASSES = ["negative", "neutral", "positive"]
 # the README's order: pretrain -> train -> pseudo and distill -> evaluate (a short pretraining: its wiring, not its gain)
 STUDENTS = dict(cv__folds=[0, 1], pseudo__folds=[0, 1], distill__students={"small": {"model": None, "layers": 1}},
-                distill__epochs=10, distill__lr=2e-3, train__mixed_precision=False, pretrain__epochs=1,
+                distill__epochs=10, distill__lr=2e-3, distill__test_rows=True, train__mixed_precision=False, pretrain__epochs=1,
                 pretrain__max_length=32)
 
 
@@ -74,6 +74,17 @@ def test_student_fold_k_learned_teacher_fold_ks_own_test_outputs_not_the_ensembl
         assert rows.tolist() == list(range(60))
         np.testing.assert_allclose(learned, teachers[k], atol=1e-6)
         assert np.abs(learned - mean).max() > 1e-3, "the folds agree: this run cannot tell a leak from fold safety"
+
+
+def test_the_distilled_student_learned_the_mean_of_every_folds_test_outputs(run):
+    """distill.test_rows: the student is not a fold, so every teacher may teach it the test rows; it learns
+    their mean, not one fold's (the folds differ here, so one fold's outputs would fail)."""
+    repo, _, log = run
+    teachers = [probabilities(repo / f"predictions/test/fold-{k}.csv")[1] for k in (0, 1)]
+    rows, learned = probabilities(repo / "students/distill/small/predictions/test_targets.csv")
+    assert rows.tolist() == list(range(60)) and "distill.test_rows: also the ensemble's outputs of the 60 test texts" in log
+    np.testing.assert_allclose(learned, (teachers[0] + teachers[1]) / 2, atol=1e-6)
+    assert min(np.abs(learned - t).max() for t in teachers) > 1e-3, "the folds agree: one fold's would pass too"
 
 
 def test_the_students_scores_are_scikit_learns_on_their_files(run):

@@ -263,6 +263,7 @@ def write_outputs(job, loaded, rows, trainer, watch, say):
            # the attention in fp32 where it trained so
            "predict_batch_size": 2 * loaded.batch_size, "precision": str(loaded.dtype or torch.float32).removeprefix("torch."),
            "fp32_attention": loaded.fp32_attention, "compiled": trainer.args.torch_compile,
+           "trust_remote_code": job.trust_remote_code,  # the model's own Python files, saved beside it, load it
            # a distilled student is one model, not a fold; "run": the same in every fold of a run
            "fold": job.fold, "folds": 1 if job.fold is None else job.data.fold_count,
            "run": checkpoint.file_digest(job.run_inputs) if job.run_inputs else watch.fingerprint["data sha256"]}
