@@ -11,7 +11,8 @@ each models/fold-K/pipeline.json (the text columns, the cleaning steps, max_leng
 the precision), data/processed/submission.json (the submission's columns and the id column, when this
 folder holds the run's data) and, for multi-label, the threshold evaluate chose
 (reports/evaluate/metrics.json). The rows go through each fold's model in length-sorted batches, in
-bf16 where the training used it and this machine has it; the folds' outputs are averaged.
+bf16 where the training used it and this machine has it, the folds shared out over every GPU present; the
+folds' outputs are averaged. Before that it says how long the work will take, timed on a sample of the rows.
 """
 import argparse
 import json
@@ -22,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from modeling.families import takes_segment_ids
 from pipeline.command import run_main
 from pipeline.settings import PipelineError
+from predicting.devices import estimate, predict_on_devices, prediction_devices
 from predicting.folds import DECIMALS
-from predicting.inference import fold_folders, fold_outputs, load_fold, read_run
+from predicting.inference import fold_folders, load_tokenizer, read_run
 from reading.cleaning import as_steps, clean_test_frame
 from reading.csvfiles import read_csv, require_columns
 from reading.tokens import model_inputs, tokenize_rows
@@ -101,6 +102,30 @@ def write_atomically(frame, path):
         tmp.unlink(missing_ok=True)
 
 
+def tokenized(rows, folder, run, file):
+    """(token ids, segment ids or None, the text of each row) of the rows, cut as the run's tokenize stage cut
+    them (windows: several rows of a text), with the tokenizer every fold saved."""
+    tokenizer, config = load_tokenizer(folder, run)
+    inputs = model_inputs(rows, tokenizer)
+    texts, pairs = inputs if isinstance(inputs, tuple) else (inputs, None)
+    types = takes_segment_ids(tokenizer, config, pairs is not None)
+    try:
+        sequences, token_types, row_texts, _ = tokenize_rows(tokenizer, texts, run["max_length"], pairs, types,
+                                                             Cutting.of(run))
+    except ValueError as error:  # a row the run's tokenize.truncation cannot cut
+        raise PipelineError(f"{file} {error} (the run's tokenize.truncation {run['truncation']})") from None
+    return sequences, token_types, np.asarray(row_texts)
+
+
+def say_estimate(folders, runs, sequences, token_types, devices, batch_size):
+    """The time it will take, from the first model on a sample of the rows, said before the work starts."""
+    rate, seconds = estimate(folders[0], runs[0], sequences, token_types, devices[0], len(folders), len(devices),
+                             batch_size)
+    took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
+    print(f"{folders[0].name}: {rate:,.1f} rows/s on {devices[0]} (a sample of the rows); the {len(folders)} model(s) "
+          f"take about {took} on {len(devices)} device(s)")
+
+
 def main():
     args = parse_args(sys.argv[1:])
     check_out(args.out)
@@ -129,30 +154,15 @@ def main():
         raise PipelineError(f"{args.file}: a header ({', '.join(map(repr, raw.columns))}) but no rows")
     # a run trained before preprocess.steps holds its cleaning switches: as_steps reads those too
     rows = clean_test_frame(raw, run["text_columns"], id_column, as_steps(run["cleaning"]), run["pair_columns"])
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    outputs, predicting = [], 0.0
-    for k, (folder, fold_run) in enumerate(zip(folders, runs)):
-        tokenizer, model = load_fold(folder, fold_run, device)
-        if k == 0:  # every fold saved the same tokenizer
-            inputs = model_inputs(rows, tokenizer)
-            texts, pairs = inputs if isinstance(inputs, tuple) else (inputs, None)
-            types = takes_segment_ids(tokenizer, model.config, pairs is not None)
-            # long texts cut as the run's tokenize stage cut them (windows: several rows of a text)
-            try:
-                sequences, token_types, row_texts, _ = tokenize_rows(tokenizer, texts, run["max_length"], pairs, types,
-                                                                     Cutting.of(run))
-            except ValueError as error:  # a row the run's tokenize.truncation cannot cut
-                raise PipelineError(f"{args.file} {error} (the run's tokenize.truncation {run['truncation']})") from None
-            print(f"predicting {len(rows):,} rows ({sum(map(len, sequences)):,} tokens) with {len(folders)} "
-                  f"model(s) on {device}")
-        begin = time.perf_counter()
-        # the fold's own pipeline.json: a regression target's scale is its own training rows'
-        outputs.append(fold_outputs(tokenizer, model, fold_run, sequences, token_types, device, args.batch_size, row_texts))
-        predicting += time.perf_counter() - begin
-        if k == 0 and len(folders) > 1:  # what a time-limited notebook needs to know early
-            rest = predicting * (len(folders) - 1)
-            print(f"{folder.name}: {len(rows) / predicting:,.1f} rows/s; the other {len(folders) - 1} models take about "
-                  + (f"{rest:.0f} s" if rest < 120 else f"{rest / 60:.0f} minutes") + " more")
+    sequences, token_types, row_texts = tokenized(rows, folders[0], run, args.file)
+    devices = prediction_devices()
+    where = devices[0] if len(devices) == 1 else f"{len(devices)} GPUs"
+    print(f"predicting {len(rows):,} rows ({sum(map(len, sequences)):,} tokens) with {len(folders)} model(s) on {where}")
+    say_estimate(folders, runs, sequences, token_types, devices, args.batch_size)
+    begin = time.perf_counter()
+    # each fold's own pipeline.json: a regression target's scale is its own training rows'
+    outputs = predict_on_devices(folders, runs, sequences, token_types, row_texts, devices, args.batch_size)
+    predicting = time.perf_counter() - begin
     mean = np.mean(outputs, axis=0)
     frame = submission_frame(shape, rows["id"], mean, run["labels"], header, threshold, run["label_separator"],
                              probabilities)
@@ -162,7 +172,7 @@ def main():
         write_atomically(pd.concat([rows[["id"]], pd.DataFrame(mean, columns=run["labels"])], axis=1), args.probabilities)
         written.append(args.probabilities)
     print(f"predicted {len(rows):,} rows with " + (f"student {args.student}" if args.student else f"{len(folders)} fold(s)") +
-          f" on {device}: {len(rows) / predicting:,.0f} rows/s "
+          f" on {where}: {len(rows) / predicting:,.0f} rows/s "
           f"through the models ({predicting:.1f} s); {len(rows) / (time.perf_counter() - start):,.0f} rows/s with "
           "reading, cleaning, tokenizing and loading the models")
     return written

@@ -168,15 +168,20 @@ def load_model(model_source, labels, trust_remote_code=False, dropout="model", f
 def load_trained(folder, trust_remote_code=False):
     """(tokenizer, model) of a folder the train stage wrote (save_pretrained of MODEL_CLASS); a model of remote
     code (model.trust_remote_code) was saved with its Python files, which this runs."""
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    return pad_token_for(tokenizer, str(folder)), MODEL_CLASS.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    return (load_trained_tokenizer(folder, trust_remote_code),
+            MODEL_CLASS.from_pretrained(folder, trust_remote_code=trust_remote_code))
+
+
+def load_trained_tokenizer(folder, trust_remote_code=False):
+    """The tokenizer a trained folder was saved with, padding as it trained."""
+    return pad_token_for(AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code), str(folder))
 
 
 def make_collator(tokenizer, device):
     """Pads each batch to its own longest text; on GPU to a multiple of 8, the tensor cores' tile."""
     from transformers import DataCollatorWithPadding
 
-    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if device == "cuda" else None)
+    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if torch.device(device).type == "cuda" else None)
 
 
 def weight_count(source, layers=None, trust_remote_code=False):

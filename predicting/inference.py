@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from modeling.models import load_trained, make_collator
+from modeling.models import load_trained, load_trained_tokenizer, make_collator
 from modeling.precision import cpu_autocast_dtype, cpu_isa, in_fp32
 from pipeline.settings import PipelineError
 from reading.windows import mean_by_text
@@ -29,7 +29,7 @@ def predict_logits(model, collator, sequences, batch_size, device, dtype=None, t
         examples = [{"input_ids": sequences[i]} if token_types is None else
                     {"input_ids": sequences[i], "token_type_ids": token_types[i]} for i in batch_index]
         batch = collator(examples).to(device)
-        with torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
+        with torch.autocast(torch.device(device).type, dtype=dtype or torch.float32, enabled=dtype is not None):
             logits[batch_index] = model(**batch).logits.float().cpu()
     return logits
 
@@ -66,7 +66,7 @@ def prediction_dtype(run, device):
     """The autocast dtype to predict in: the one the model was trained (and its validation rows
     predicted) in, from pipeline.json, where this device has it; else fp32."""
     trained = getattr(torch, run["precision"])
-    if device == "cuda":
+    if torch.device(device).type == "cuda":  # "cuda", or one GPU of several: "cuda:1"
         supported = trained == torch.float16 or (trained == torch.bfloat16 and torch.cuda.is_bf16_supported())
     else:
         supported = trained == torch.bfloat16 and cpu_autocast_dtype(cpu_isa()) == torch.bfloat16
@@ -76,7 +76,15 @@ def prediction_dtype(run, device):
 def predicted_in_fp32(trained_in_fp32, device, dtype):
     """Whether a run's rows are predicted with the attention in fp32: where the run trained so (its
     pipeline.json's fp32_attention) and they are predicted as it trained, on a CPU in bf16 autocast."""
-    return bool(trained_in_fp32) and device == "cpu" and dtype == torch.bfloat16
+    return bool(trained_in_fp32) and torch.device(device).type == "cpu" and dtype == torch.bfloat16
+
+
+def load_tokenizer(folder, run):
+    """(tokenizer, config) of a trained fold: what tokenizing for it needs, without its weights."""
+    from transformers import AutoConfig
+
+    remote_code = run.get("trust_remote_code", False)
+    return load_trained_tokenizer(folder, remote_code), AutoConfig.from_pretrained(folder, trust_remote_code=remote_code)
 
 
 def load_fold(folder, run, device):

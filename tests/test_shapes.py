@@ -541,6 +541,30 @@ def test_the_test_side_code_on_each_folds_validation_rows_gives_its_oof_predicti
             assert same_outputs(outputs, oof.iloc[:, 1:].to_numpy(), KINDS[shape]), (k, fold)
 
 
+def test_folds_shared_out_over_several_devices_give_what_the_stage_predicted_on_one(pairs):
+    """python -m predict's sharing over every GPU present, run here with CPU "devices": three folds on two
+    devices (threads), and on six (each fold's rows split in two, one part per device), give each fold's test
+    outputs as predict_test wrote them; rows declared windows of one text (pairs of rows) are averaged per
+    text, a text's rows never split between devices."""
+    from predicting.devices import predict_on_devices
+
+    folder = pairs["k3"]
+    tensors = load_file(folder / "data/tokenized/test.safetensors")
+    sequences, token_types = unpack_sequences(tensors)[0], unpack_flat(tensors, "token_type_ids")
+    folders, runs = fold_folders(folder / "models")
+    written = fold_tests(folder)
+    texts = np.arange(len(sequences))
+    for devices in (["cpu", "cpu"], ["cpu"] * 6):
+        outputs = predict_on_devices(folders, runs, sequences, token_types, texts, devices)
+        for fold, (mine, stage) in enumerate(zip(outputs, written)):
+            assert same_outputs(mine, stage, "classification"), (devices, fold)
+    windows = texts // 2  # each text two rows
+    for devices in (["cpu"], ["cpu"] * 6):
+        outputs = predict_on_devices(folders, runs, sequences, token_types, windows, devices)
+        for mine, stage in zip(outputs, written):
+            assert same_outputs(mine, pd.DataFrame(stage).groupby(windows).mean().to_numpy(), "classification"), devices
+
+
 def decided_classes(cells):
     """Rows of classes joined by | (empty: none) as 0/1 rows over TOPICS."""
     return np.array([[t in cell.split("|") for t in sorted(TOPICS)] for cell in cells], dtype=int)
@@ -583,9 +607,11 @@ def test_predict_on_a_three_fold_run_gives_the_mean_of_its_folds(shape, request)
         probabilities = made["k3"].parent / "k3-probabilities.csv"
         predicted, result = predict(made["k3"], test.drop(columns="label"), "--probabilities", str(probabilities))
         assert "with 3 fold(s)" in result.stdout
-        # before the other folds: the first one's speed and the time the other two will take
-        said = re.search(r"fold-0: ([\d,.]+) rows/s; the other 2 models take about (\d+) s more", result.stdout)
-        assert said and abs(int(said[2]) - 2 * len(test) / float(said[1].replace(",", ""))) <= 1, result.stdout
+        # before the work: the first fold's speed on a sample, and the time the three take on this one CPU
+        said = re.search(r"fold-0: ([\d,.]+) rows/s on cpu \(a sample of the rows\); the 3 model\(s\) take about "
+                         r"(\d+) s on 1 device\(s\)", result.stdout)
+        assert said and abs(int(said[2]) - 3 * len(test) / float(said[1].replace(",", ""))) <= 1, result.stdout
+        assert result.stdout.index(said[0]) < result.stdout.index("predicted ")
         assert predicted["label"].tolist() == submission["label"].tolist()
         mine = pd.read_csv(probabilities, dtype={"id": str})[["both", "neither", "one"]].to_numpy()
     else:
