@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The tests, set up from nothing on a fresh Debian or Ubuntu machine with Python 3.10+ and git:
 # the system packages (scripts/install-system-packages.sh: Chromium, as root or through sudo),
-# a virtualenv in .venv with requirements-dev.txt, then pytest. A second run installs nothing
-# new. Arguments go to pytest:  bash scripts/test.sh -k cv -x
+# a virtualenv in .venv with requirements-dev.txt, another in .venv-sky with SkyPilot (for its
+# parser), then pytest. A second run installs nothing new. Arguments go to pytest:
+#   bash scripts/test.sh -k cv -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,4 +31,8 @@ python -m pip install -q -r requirements-dev.txt
 if [ "${ID:-}" = ubuntu ] && ! command -v chromium >/dev/null; then
   python -m playwright install --with-deps chromium  # Ubuntu's own chromium is a snap
 fi
+# SkyPilot's own parser reads scripts/skypilot/*.yaml (tests/test_sky.py), from a virtualenv of its own:
+# installed in .venv, skypilot's pins would replace click, httpx and paramiko under dvc
+[ -x .venv-sky/bin/python ] || python3 -m venv .venv-sky
+.venv-sky/bin/python -m pip install -q skypilot==0.14.1
 exec python -m pytest "$@"

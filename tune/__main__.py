@@ -18,10 +18,10 @@ import argparse
 import signal
 import sys
 import time
-from pathlib import Path
 
 from pipeline.command import run_main
 from pipeline.settings import PipelineError, load_params
+from training import checkpoint
 from training.progress import duration
 from training.pruning import TrialLink
 from tune import budget
@@ -110,7 +110,8 @@ def main():
     fixed = {"train.evaluations": settings["evaluations"]} if by == "evaluation" and pruner != "none" else {}
     failures, current = [], {}
     # trials run in temporary copies: their checkpoints go to this clone's folder, where a rerun finds them
-    checkpoints = Path(load_params("machine").get("checkpoint_dir", "checkpoints")).expanduser().resolve()
+    # ($PIPELINE_CHECKPOINTS first, as for the stages: a rented machine's bucket, scripts/worker.sh)
+    checkpoints = checkpoint.root(load_params("machine").get("checkpoint_dir", "checkpoints")).resolve()
 
     def objective(trial):
         current["trial"] = trial.number

@@ -12,6 +12,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from pipeline.command import redact
 from training.checkpoint import CHECKPOINTS_ENV
 from training.pruning import TRIAL_ENV
 from tune.settings import TUNING, yaml_value
@@ -120,5 +121,5 @@ def push(remote, name):
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode:
         last = (result.stderr or result.stdout).strip().splitlines()
-        print(f"tune: could not push {name} to {remote} ({last[-1] if last else result.returncode}); "
+        print(f"tune: could not push {name} to {remote} ({redact(last[-1]) if last else result.returncode}); "
               f"push it later: dvc exp push --run-cache {remote} {name}")
