@@ -19,7 +19,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from pipeline.command import run_main
@@ -77,7 +76,6 @@ def main():
     pins = requirement_closure(roots, args.python)
     print(f"bundling {len(models)} model(s), {len(code)} modules of code and {len(pins)} packages for Python "
           f"{args.python} on {args.platform}")
-    start = time.perf_counter()
     with atomic_dir(args.out) as tmp:
         for folder, inside in models.items():
             shutil.copytree(folder, tmp / inside)
@@ -94,9 +92,8 @@ def main():
             "student": args.student, "packages": pins, "left_to_the_machine": sorted(PROVIDED),
             "predict": "python -m predict TEST.csv --out submission.csv" + (f" --student {args.student}" if args.student else ""),
         }, indent=1) + "\n")
-    size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
-    print(f"bundle: {args.out} ({size / 2**20:,.0f} MB) in {time.perf_counter() - start:.0f} s; upload it as one "
-          f"Kaggle dataset (`kaggle datasets create -p {args.out}`, or the web page's New Dataset)")
+    print(f"upload {args.out} as one Kaggle dataset (`kaggle datasets create -p {args.out} --dir-mode zip`, or the web "
+          "page's New Dataset), and predict with it in notebooks/kaggle.ipynb")
     return [args.out]
 
 
