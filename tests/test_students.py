@@ -128,6 +128,33 @@ def test_the_distilled_student_is_smaller_and_predict_uses_it_alone(run, tmp_pat
     assert pd.read_csv(out)["label"].tolist() == [CLASSES[i] for i in distilled.argmax(axis=1)]
 
 
+def test_a_bundle_of_the_student_predicts_inside_itself_as_the_student_does(run, tmp_path):
+    """python -m bundle --student small: the student alone, and python -m predict run inside the bundle (its own
+    copy of the code) labels the test rows as the student's test outputs say."""
+    from predicting.bundling import distributions_of, needed_code
+    from tests.test_kaggle import bundle, closure, wheel_of
+    from tests.test_pipeline import REPO
+
+    repo = run[0]
+    pypi = tmp_path / "pypi"
+    pypi.mkdir()
+    for dist in closure(distributions_of(needed_code(REPO)[1])).values():
+        if dist.metadata["Name"] != "torch":
+            wheel_of(dist, pypi)
+    made = bundle(repo, tmp_path / "bundle", pypi, "--student", "small")
+    assert made.returncode == 0, made.stdout + made.stderr
+    info = json.loads((tmp_path / "bundle/bundle.json").read_text())
+    assert info["models"] == ["students/distill/small/model"] and info["student"] == "small"
+    assert not (tmp_path / "bundle/models").exists()
+    out = tmp_path / "labels.csv"
+    env = {k: v for k, v in stage_env().items() if k != "PYTHONPATH"}  # the bundle's code, not this project's
+    result = subprocess.run([sys.executable, "-m", "predict", str(repo / "data/raw/test.csv"), "--out", str(out),
+                             "--student", "small"], cwd=tmp_path / "bundle", env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    distilled = probabilities(repo / "students/distill/small/predictions/test.csv")[1]
+    assert pd.read_csv(out)["label"].tolist() == [CLASSES[i] for i in distilled.argmax(axis=1)]
+
+
 def test_evaluate_submits_what_evaluate_submit_names(run):
     repo = run[0]
     distilled = probabilities(repo / "students/distill/small/predictions/test.csv")[1]
