@@ -6,6 +6,7 @@ the usual notebook recipe has it, and the best combination of what gained.
     python -m bench.techniques --train 4000 --val 1000 --threads 2           # the embedded tweets
     python -m bench.techniques --data rotten --train 2000 --val 1000 --max-length 128 --threads 2
     python -m bench.techniques --only "averaging ema" --seeds 1 2 3 4 5
+    python -m bench.techniques --train 3000 --val 1000 --epochs 3 --adversarial-from 1 --only averaging adversarial
     python -m bench.techniques --only defaults --example run_classification.py --train 3000 --val 1000 --threads 2
 
 --data tweets: the embedded tweets (3 sentiment classes), cleaned as preprocess cleans them. --data rotten:
@@ -17,9 +18,12 @@ CountingTrainer), in fp32 (train.mixed_precision false: rows compare alike on an
 rows, drawn once (stratified, seed 0); the seeds are train.seed (the head's init, the order of batches).
 Runs go seed by seed, every row within a seed, the defaults first and last; a row's time ratio is against
 the mean of those two defaults runs of its seed (on a loaded machine the load still moves in between).
-A row's verdict: "gain" (or "loss") only when its paired gain has one sign at every seed and its mean is
-larger than the defaults' own spread over the seeds; else "noise". The best combination takes, of each
-family (averaging, adversarial, loss, ...), the row with the largest gain called a gain, if two or more.
+--device cuda (the default where torch sees a GPU) trains on the GPU; --mixed-precision trains as the train
+stage's default does (bf16 autocast where the hardware has it) in place of fp32. --epochs and
+--adversarial-from set train.epochs and train.adversarial_from for every row. A row's verdict: "gain" (or
+"loss") only when its paired gain has one sign at every seed and its mean is larger than the defaults' own
+spread over the seeds; else "noise". The best combination takes, of each family (averaging, adversarial,
+loss, ...), the row with the largest gain called a gain, if two or more.
 
 --example PATH adds what users run instead: transformers' own examples/pytorch/text-classification/
 run_classification.py (pip install datasets evaluate), run as a user runs it, on the same rows (CSV files),
@@ -87,8 +91,8 @@ def sample(texts, labels, n_train, n_val):
     return train, val
 
 
-def run(settings, base, seed, tokenizer_source, data, classes):
-    """(validation macro-F1, seconds in training epochs) of one training run."""
+def run(settings, base, seed, tokenizer_source, data, classes, device="cpu"):
+    """(validation macro-F1, seconds in training epochs) of one training run on `device` (cpu or cuda)."""
     params = {**base, **settings, "seed": seed}
     sequences, labels, train_rows, val_rows = data
     set_seed(seed)
@@ -100,12 +104,12 @@ def run(settings, base, seed, tokenizer_source, data, classes):
     val_set = TokenizedDataset.rows(sequences, labels, val_rows)
     with tempfile.TemporaryDirectory() as folder:
         params = {**params, "lr": learning_rate(params["lr"], model, params["lora_rank"], say=lambda *_: None)}
-        args = training_arguments(params, NO_CHECKPOINTS, folder, "cpu", params["effective_batch_size"], 1)
+        args = training_arguments(params, NO_CHECKPOINTS, folder, device, params["effective_batch_size"], 1)
         extra, callbacks = techniques.plug_in(params, model, args, shape, classes,
                                               [labels[i] for i in train_rows], say=lambda *a: None)
         throughput, scores = Throughput(), ValidationScores(shape)
         trainer = CountingTrainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set,
-                                  data_collator=make_collator(tokenizer, "cpu"), compute_metrics=scores,
+                                  data_collator=make_collator(tokenizer, device), compute_metrics=scores,
                                   callbacks=callbacks, throughput=throughput, **extra)
         trainer.remove_callback(PrinterCallback)
         trainer.train()
@@ -117,7 +121,8 @@ def run(settings, base, seed, tokenizer_source, data, classes):
 EXAMPLE = "transformers' run_classification.py (its defaults)"
 
 
-def run_example(script, metric, params, seed, source, texts, labels, classes, train_rows, val_rows, threads):
+def run_example(script, metric, params, seed, source, texts, labels, classes, train_rows, val_rows, threads,
+                device="cpu"):
     """(validation macro-F1, seconds of its training loop) of transformers' example script (`script`) trained on
     train_rows and predicting val_rows, with the train section's epochs, learning rate, batch and `seed`."""
     with tempfile.TemporaryDirectory() as folder:
@@ -132,7 +137,8 @@ def run_example(script, metric, params, seed, source, texts, labels, classes, tr
                    "--test_file", str(files["validation"]), "--do_train", "--do_predict",
                    "--num_train_epochs", str(params["epochs"]), "--learning_rate", str(params["lr"]),
                    "--per_device_train_batch_size", str(params["effective_batch_size"]), "--seed", str(seed),
-                   "--output_dir", str(out), "--cache_dir", str(Path(folder) / "cache"), "--use_cpu",
+                   "--output_dir", str(out), "--cache_dir", str(Path(folder) / "cache"),
+                   *(["--use_cpu"] if device == "cpu" else []),
                    "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true",
                    *(["--metric_name", str(metric)] if metric else [])]
         done = subprocess.run(command, capture_output=True, text=True,
@@ -204,15 +210,20 @@ def main():
     parser.add_argument("--val", type=int, default=1000, help="validation rows (default 1000)")
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--max-length", type=int, help="tokens per text (default: what tokenize.max_length auto gives)")
+    parser.add_argument("--adversarial-from", type=float, default=0.0,
+                        help="the epoch FGM and AWP start at (the write-ups' several-epoch runs: 1)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     parser.add_argument("--only", nargs="*", help="row names to run (a prefix each); default all")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--mixed-precision", action="store_true",
+                        help="train.mixed_precision true (bf16 autocast where the hardware has it); default fp32")
     parser.add_argument("--example", type=Path, help="transformers' run_classification.py: adds it as a row")
     parser.add_argument("--example-metric", type=Path, help="a local copy of evaluate's metrics/accuracy folder")
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
-    base = {**load_params("train", TRAIN_PARAMS), "epochs": options.epochs, "mixed_precision": False,
-            "batch_size": "auto"}
+    base = {**load_params("train", TRAIN_PARAMS), "epochs": options.epochs, "mixed_precision": options.mixed_precision,
+            "batch_size": "auto", "adversarial_from": options.adversarial_from}
     texts, labels, classes = dataset_of(options.data, load_params("preprocess"))
     source = resolve_model("minilm")
     tokenizer, _ = load_model(source, classes)
@@ -226,7 +237,9 @@ def main():
         example_params = {**base, "lr": learning_rate(base["lr"], load_model(source, classes)[1], 0, say=lambda *_: None)}
         rows.append((EXAMPLE, None, example_params))
     print(f"{options.data}: {len(train_rows):,} train / {len(val_rows):,} validation rows, max_length {max_length}, "
-          f"{options.epochs:g} epoch(s), seeds {options.seeds}, {options.threads} thread(s); {torch.__version__}; "
+          f"{options.epochs:g} epoch(s), adversarial from epoch {options.adversarial_from:g}, seeds {options.seeds}, "
+          f"{options.threads} thread(s), {options.device}, "
+          f"{'mixed precision' if options.mixed_precision else 'fp32'}; {torch.__version__}; "
           f"load average {load_average()}", flush=True)
     results = {name: {"f1": [], "ratio": [], "seconds": [], "wall": []} for name, _, _ in rows}
     for seed in options.seeds:
@@ -235,9 +248,9 @@ def main():
             start = time.perf_counter()
             if name == EXAMPLE:
                 f1, seconds = run_example(options.example, options.example_metric, settings, seed, source, texts,
-                                          labels, classes, train_rows, val_rows, options.threads)
+                                          labels, classes, train_rows, val_rows, options.threads, options.device)
             else:
-                f1, seconds = run(settings, base, seed, source, data, classes)
+                f1, seconds = run(settings, base, seed, source, data, classes, options.device)
             wall = time.perf_counter() - start
             print(f"seed {seed} {name}: macro-F1 {f1:.4f}, epoch {seconds:.1f} s ({wall:.0f} s with loading and "
                   "evaluation)", flush=True)
@@ -257,7 +270,7 @@ def main():
         results[label] = {"f1": [], "ratio": [], "wall": []}
         for seed, s_base in zip(options.seeds, results["defaults"]["seconds"]):
             start = time.perf_counter()
-            f1, seconds = run(combined, base, seed, source, data, classes)
+            f1, seconds = run(combined, base, seed, source, data, classes, options.device)
             results[label]["f1"].append(f1)
             results[label]["ratio"].append(seconds / s_base)
             results[label]["wall"].append(time.perf_counter() - start)
