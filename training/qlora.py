@@ -64,14 +64,18 @@ def dequantized_merge(model):
     import bitsandbytes as bnb
     from peft.tuners.lora import LoraLayer
     from peft.utils.integrations import dequantize_module_weight
+    from peft.utils.other import ModulesToSaveWrapper
 
-    for module in list(model.modules()):
+    for name, module in list(model.named_modules()):
         if isinstance(module, LoraLayer):
             weight = dequantize_module_weight(module.get_base_layer()).float()
             for adapter in module.active_adapters:
                 weight = weight + module.get_delta_weight(adapter).float()
             module.base_layer = plain_linear(module.get_base_layer(), weight)
-    plain = model.unload()  # each LoRA layer replaced by its base layer, the head's trained copy in place
+        elif isinstance(module, ModulesToSaveWrapper):
+            # the head's trained copy in place: PEFT's unload (no merge) gives back the original from 0.22 on
+            model.set_submodule(name, module.modules_to_save[module.active_adapters[0]])
+    plain = model.unload()  # each LoRA layer replaced by its base layer
     for name, module in list(plain.named_modules()):
         if isinstance(module, bnb.nn.Linear4bit):
             plain.set_submodule(name, plain_linear(module, dequantize_module_weight(module).float()))
