@@ -203,7 +203,7 @@ def dataset_of(name, preprocess):
     return texts, labels, sorted(set(map(str, labels)))
 
 
-def main():
+def parse_options():
     parser = argparse.ArgumentParser(prog="python -m bench.techniques", description=__doc__.splitlines()[0])
     parser.add_argument("--data", choices=["tweets", "rotten"], default="tweets")
     parser.add_argument("--train", type=int, default=2000, help="training rows (default 2000)")
@@ -220,7 +220,11 @@ def main():
                         help="train.mixed_precision true (bf16 autocast where the hardware has it); default fp32")
     parser.add_argument("--example", type=Path, help="transformers' run_classification.py: adds it as a row")
     parser.add_argument("--example-metric", type=Path, help="a local copy of evaluate's metrics/accuracy folder")
-    options = parser.parse_args()
+    return parser.parse_args()
+
+
+def main():
+    options = parse_options()
     torch.set_num_threads(options.threads)
     base = {**load_params("train", TRAIN_PARAMS), "epochs": options.epochs, "mixed_precision": options.mixed_precision,
             "batch_size": "auto", "adversarial_from": options.adversarial_from}
