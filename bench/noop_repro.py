@@ -17,10 +17,10 @@ from transformers import BertConfig, BertModel
 from bench.common import GOALS, REPO, verdict
 
 
-def command(args, cwd):
+def command(args, cwd, timeout=1800):
     """Run a command with this interpreter's folder first on PATH (dvc.yaml says `python`)."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         sys.exit(f"{' '.join(map(str, args))} failed in {cwd}:\n"
                  f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}")

@@ -147,3 +147,60 @@ def test_the_best_combination_merges_each_familys_largest_gain_called_a_gain():
     merged, names = best_combination(results)
     assert names == ["averaging ema (decay 0.99, from 50%)", "class_weights balanced"]
     assert merged == {"averaging": "ema", "class_weights": "balanced"}
+
+
+def test_the_recipe_bench_runs_the_line_the_readme_gives_in_bold_and_its_keys_are_params():
+    """bench.recipe takes its -S settings from the README's bold `dvc exp run` line, folded or not, and
+    every key there is one params.yaml has."""
+    import yaml
+
+    from bench.common import REPO
+    from bench.recipe import readme_recipe
+
+    said = "What gained: (**`dvc exp run -S train.epochs=3\n-S train.lr=2e-5`**), and `dvc exp run -S x=1` not bold."
+    assert readme_recipe(said) == ["train.epochs=3", "train.lr=2e-5"]
+    with pytest.raises(SystemExit, match="no recipe line"):
+        readme_recipe("`dvc exp run -S train.epochs=3`")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for setting in readme_recipe((REPO / "README.md").read_text()):
+        section, key = setting.split("=")[0].split(".")
+        assert key in params[section], setting
+
+
+def test_the_recipe_bench_sets_its_data_in_params_yaml_and_changes_nothing_else(tmp_path):
+    """bench.recipe's clone points fetch.source and preprocess.label_column at its data in a copy of
+    params.yaml, as a YAML parser reads it back, every other value and every comment kept."""
+    import yaml
+
+    from bench.common import REPO
+    from bench.recipe import set_params
+
+    path = tmp_path / "params.yaml"
+    path.write_text((REPO / "params.yaml").read_text())
+    set_params(path, {"fetch.source": "/tmp/my data/rotten", "preprocess.label_column": "label"})
+    before, after = yaml.safe_load((REPO / "params.yaml").read_text()), yaml.safe_load(path.read_text())
+    assert after["fetch"]["source"] == "/tmp/my data/rotten"
+    assert after["preprocess"]["label_column"] == "label"
+    before["fetch"]["source"], before["preprocess"]["label_column"] = "/tmp/my data/rotten", "label"
+    assert after == before
+    old, new = (REPO / "params.yaml").read_text().splitlines(), path.read_text().splitlines()
+    assert len(new) == len(old)
+    assert [i for i, (a, b) in enumerate(zip(old, new)) if a != b] == [old.index("  source: tweets"),
+                                                                      old.index("  label_column: sentiment")]
+    set_params(path, {"train.epochs": 3})  # a line with a comment keeps it
+    assert next(line for line in path.read_text().splitlines() if line.startswith("  epochs: 3")).endswith(
+        next(line for line in old if line.startswith("  epochs: 1"))[len("  epochs: 1"):])
+
+
+def test_the_recipe_bench_scores_a_row_by_what_it_made_last():
+    """bench.recipe reads a distilled student's test score (it has no validation score), else the pseudo-label
+    students', else the model's, from evaluate's metrics as they are written."""
+    from bench.recipe import scores
+
+    model = {"val": {"f1_macro": 0.71}, "test": {"f1_macro": 0.72}, "baseline": {"val": {"f1_macro": 0.6}}}
+    assert scores(model) == (0.71, 0.72)
+    assert scores({"val": {"f1_macro": 0.71}}) == (0.71, None)  # a test file without labels
+    assert scores({"oof": {"f1_macro": 0.69}, "cv": {"f1_macro_mean": 0.7}}) == (0.69, None)  # K folds
+    assert scores(model | {"pseudo": {"val": {"f1_macro": 0.75}, "test": {"f1_macro": 0.76}}}) == (0.75, 0.76)
+    distilled = {"small": {"speed": {"speedup": 6.2}, "agreement": 0.94, "test": {"f1_macro": 0.70}}}
+    assert scores(model | {"distill": distilled}) == (None, 0.70)
